@@ -1,0 +1,1 @@
+"""Root conftest: intentionally thin. The plugin registers itself via its pytest11 entry point."""

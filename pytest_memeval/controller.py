@@ -1,0 +1,229 @@
+"""Controller side: gather scenario records from test reports, write and check the run.
+
+Runs in the xdist controller (or the single process without xdist). Records arrive on
+``pytest_runtest_logreport`` from whichever worker ran the scenario; each is appended to the
+run's journal at once (so a crash loses at most the scenarios in flight) and only its offset
+is kept. At session finish the run directory is written in benchmark order, recounted
+independently, and only then is ``metrics.json`` written.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .metrics import METRICS_SCHEMA_VERSION, Tally
+from .recount import compare_counts, recount_file
+from .rundir import JOURNAL, METRICS, PREDICTIONS, Journal, atomic_write, write_json
+from .state import MemevalState
+
+__all__ = ["MemevalController"]
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+class MemevalController:
+    """Aggregates records across workers and owns the run directory."""
+
+    def __init__(self, config: pytest.Config, state: MemevalState) -> None:
+        self.config = config
+        self.state = state
+        self.run_dir = state.run_dir
+        self.journal = Journal(self.run_dir / JOURNAL)
+        self.offsets: dict[str, int] = {}
+        self.selected: set[str] | None = None
+        self.metrics: dict[str, Any] | None = None
+        self.problems: list[str] = []
+        self.started = time.time()
+        if config.pluginmanager.has_plugin("xdist"):
+            from .scheduler import SchedulerPlugin
+
+            config.pluginmanager.register(_XdistSelection(self), "memeval-xdist-selection")
+            config.pluginmanager.register(
+                SchedulerPlugin(set(state.scope_ids)), "memeval-scheduler"
+            )
+
+    # -- collection: which scenarios this run selected -------------------------------------
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from .worker import scenario_param
+
+        if session.config.pluginmanager.has_plugin("dsession"):
+            return  # xdist controller: workers collect, see _XdistSelection
+        self.selected = {sid for item in session.items if (sid := scenario_param(item))}
+
+    def note_collected(self, nodeids: list[str]) -> None:
+        scope = set(self.state.scope_ids)
+        found = set()
+        for nodeid in nodeids:
+            if nodeid.endswith("]") and "[" in nodeid:
+                param = nodeid[nodeid.rindex("[") + 1 : -1]
+                if param in scope:
+                    found.add(param)
+        self.selected = found if self.selected is None else self.selected | found
+
+    # -- records -------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.journal.open(truncate=True)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = getattr(report, "memeval_record", None)
+        if not isinstance(record, dict) or record.get("id") in self.offsets:
+            return
+        sid = record["id"]
+        if sid not in self.state.scenarios:
+            self.problems.append(f"record for unknown scenario {sid!r} from {report.nodeid}")
+            return
+        self.offsets[sid] = self.journal.append(record)
+        self.config.hook.pytest_memeval_record(config=self.config, record=record)
+
+    # -- finish --------------------------------------------------------------------------
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.journal.close()
+        wall = time.time() - self.started
+        scope = self.state.scope_ids
+        selected = self.selected if self.selected is not None else set(scope)
+        done = [sid for sid in scope if sid in self.offsets]
+        missing_selected = [sid for sid in scope if sid in selected and sid not in self.offsets]
+        not_selected = [sid for sid in scope if sid not in selected]
+        if not done and not missing_selected:
+            return  # no eval item ran or was selected (e.g. -k picked only plugin tests)
+
+        predictions = self.run_dir / PREDICTIONS
+        tally = Tally()
+        atomic_write(predictions, self._predictions_lines(done, tally))
+        recounted = recount_file(predictions)
+        counts = tally.counts()
+        disagreements = compare_counts(counts, recounted)
+        if disagreements:
+            self.problems.append("recount disagrees with the aggregate: " + "; ".join(disagreements))
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+            return
+        complete = not missing_selected and not not_selected
+        metrics: dict[str, Any] = {
+            "schema_version": METRICS_SCHEMA_VERSION,
+            "ckpt": self.state.profile.name,
+            "kind": self.state.profile.kind,
+            "complete": complete,
+            **counts,
+            "scope": {
+                "benchmark_total": len(self.state.benchmark.scenarios),
+                "in_scope": len(scope),
+                "selected": len(scope) - len(not_selected),
+                "evaluated": len(done),
+                "subset": bool(not_selected),
+                "shard": None,
+            },
+            "missing": missing_selected,
+            "not_selected": not_selected,
+            "m2_by_position": {
+                str(k): {"correct": v[0], "total": v[1]} for k, v in sorted(tally.by_position.items())
+            },
+            "generated_turns": tally.generated_turns,
+            "fingerprints": dict(self.state.fingerprints),
+            "decoding": {
+                **(self.state.profile.generation.as_dict() if self.state.profile.kind == "model" else {}),
+                "path": self.state.decode_path,
+            },
+            "benchmark": {"source": self.state.benchmark.source},
+            "predictions_sha256": _sha256_file(predictions),
+            "timing": {
+                "wall_s": round(wall, 3),
+                "scenarios_per_s": round(len(done) / wall, 3) if wall > 0 else None,
+            },
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        write_json(self.run_dir / METRICS, metrics)
+        self.metrics = metrics
+        self.config.hook.pytest_memeval_run_written(
+            config=self.config, run_dir=self.run_dir, metrics=metrics
+        )
+        if missing_selected and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _predictions_lines(self, ids: list[str], tally: Tally) -> Iterator[str]:
+        import json
+
+        for sid in ids:
+            record = self.journal.read_at(self.offsets[sid])
+            tally.add(record)
+            yield json.dumps(record, ensure_ascii=False) + "\n"
+
+    # -- terminal ------------------------------------------------------------------------
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        tr = terminalreporter
+        if not self.metrics and not self.problems:
+            return
+        tr.section("memeval")
+        for problem in self.problems:
+            tr.line(f"ERROR: {problem}", red=True, bold=True)
+        m = self.metrics
+        if not m:
+            return
+        tr.line(format_summary(m))
+        if m["missing"]:
+            shown = ", ".join(m["missing"][:10]) + (" ..." if len(m["missing"]) > 10 else "")
+            tr.line(
+                f"INCOMPLETE: {len(m['missing'])} selected scenario(s) have no result: {shown}",
+                red=True,
+                bold=True,
+            )
+        if m["scope"]["subset"]:
+            s = m["scope"]
+            tr.line(
+                f"subset run: {s['evaluated']} of {s['in_scope']} scenarios selected "
+                "(metrics say complete: false)",
+                yellow=True,
+            )
+        tr.line(f"run directory: {self.run_dir}")
+
+
+def _pct(block: dict[str, Any]) -> str:
+    rate = block["rate"]
+    return f"{block['correct']}/{block['total']} = {rate * 100:.2f}%" if rate is not None else "n/a"
+
+
+def format_summary(m: dict[str, Any]) -> str:
+    """The terminal lines for a metrics dict."""
+    lines = [
+        f"ckpt {m['ckpt']}: {m['n']} scenarios ({'complete' if m['complete'] else 'INCOMPLETE'})",
+        f"m1 final-query: {_pct(m['m1'])}",
+        f"m2 turn-level:  {_pct(m['m2'])}  (aligned scenarios only)",
+        f"unaligned: {m['unaligned']}/{m['n']}   parse failures: final {m['parse_fail']['final']}, "
+        f"turns {m['parse_fail']['turns']}",
+    ]
+    timing = m.get("timing") or {}
+    if timing.get("scenarios_per_s") is not None:
+        lines.append(
+            f"throughput: {timing['scenarios_per_s']:.2f} scenarios/s over {timing['wall_s']:.1f} s "
+            f"(decode {m['decoding'].get('path')})"
+        )
+    return "\n".join(lines)
+
+
+class _XdistSelection:
+    """Registered only with xdist: the controller does not collect, its workers report ids."""
+
+    def __init__(self, controller: MemevalController) -> None:
+        self.controller = controller
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.controller.note_collected(ids)

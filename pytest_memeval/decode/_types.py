@@ -1,0 +1,47 @@
+"""Plain-data results of decoding, shared by every decoder."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..benchmark import Scenario
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    """What the model produced for one assistant message.
+
+    ``text`` is the decoded output without the stop token; ``stopped`` is False when
+    generation ran into ``max_new_tokens`` (a parse failure); ``generated`` is True when the
+    output came from a real ``generate`` call rather than a teacher-forced check.
+    """
+
+    text: str
+    stopped: bool
+    generated: bool = True
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One output per assistant message of a scenario, in order; the last is the final answer."""
+
+    outputs: tuple[TurnOutput, ...]
+    path: str
+    prompt_tail: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Decoder(Protocol):
+    """Turns scenarios into rollouts. Implementations hold the model; one per worker."""
+
+    path: str
+
+    def rollout(self, scenario: Scenario) -> Rollout:
+        """Decode every assistant message of ``scenario`` from its teacher-forced history."""
+        ...
+
+    def prefetch(self, scenarios: Sequence[Scenario]) -> None:
+        """Hint: these scenarios come next on this worker (a decoder may batch them)."""
+        ...

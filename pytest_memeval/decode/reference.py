@@ -1,0 +1,72 @@
+"""The reference decoder: one greedy ``generate`` call per assistant message.
+
+This is what a careful user of transformers writes, and the ground truth the fast path is
+proven against: each turn's prompt is the teacher-forced history rendered by the chat
+template, decoding is greedy with the checkpoint's stop ids, and the output is decoded without
+special tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..benchmark import Scenario
+from ..model import LoadedModel
+from ..prompts import turn_prompts
+from ._types import Rollout, TurnOutput
+
+
+def generate_from(
+    loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int, **kwargs: Any
+) -> TurnOutput:
+    """Greedy-generate one turn from prompt ``ids``; ``kwargs`` pass a reusable cache."""
+    import torch
+
+    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=loaded.device)
+    with torch.inference_mode():
+        out = loaded.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=list(loaded.stop_ids),
+            pad_token_id=loaded.pad_id,
+            **kwargs,
+        )
+    new = [int(t) for t in out[0, input_ids.shape[1] :]]
+    return decode_new_tokens(loaded, new)
+
+
+def decode_new_tokens(loaded: LoadedModel, new: Sequence[int]) -> TurnOutput:
+    """Text and stop flag of generated tokens (everything up to the first stop id)."""
+    stop = set(loaded.stop_ids)
+    for i, tok in enumerate(new):
+        if tok in stop:
+            text = loaded.tokenizer.decode(list(new[:i]), skip_special_tokens=True)
+            return TurnOutput(text=text, stopped=True)
+    return TurnOutput(text=loaded.tokenizer.decode(list(new), skip_special_tokens=True), stopped=False)
+
+
+def prompt_tail(loaded: LoadedModel, ids: Sequence[int], n_tokens: int = 48) -> str:
+    """The end of a prompt as text, for failure messages and reports."""
+    return str(loaded.tokenizer.decode(list(ids[-n_tokens:]), skip_special_tokens=False))
+
+
+class ReferenceDecoder:
+    """Greedy ``generate`` for every assistant message, one call each."""
+
+    path = "reference"
+
+    def __init__(self, loaded: LoadedModel, max_new_tokens: int) -> None:
+        self.loaded = loaded
+        self.max_new_tokens = max_new_tokens
+
+    def rollout(self, scenario: Scenario) -> Rollout:
+        prompts = turn_prompts(self.loaded.tokenizer, scenario)
+        outputs = tuple(generate_from(self.loaded, p.ids, self.max_new_tokens) for p in prompts)
+        return Rollout(outputs, self.path, prompt_tail(self.loaded, prompts[-1].ids))
+
+    def prefetch(self, scenarios: Sequence[Scenario]) -> None:
+        """The reference path decodes one scenario at a time; nothing to prepare."""

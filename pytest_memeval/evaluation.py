@@ -1,0 +1,65 @@
+"""The standard eval items. Import them into a test module to evaluate a profile::
+
+    # contracts/test_eval.py
+    from pytest_memeval.evaluation import test_final_query, test_turns  # noqa: F401
+
+The plugin parametrizes them over the scenarios of the ``--ckpt`` profile, so each scenario
+gives ``test_final_query[<id>]`` (m1, an assertion) and ``test_turns[<id>]`` (m2; an xfail
+where the turn structure is unaligned with ``memory_chain``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .benchmark import Scenario
+
+__all__ = ["check_final_query", "check_turns", "test_final_query", "test_turns"]
+
+
+def check_final_query(record: dict[str, Any]) -> None:
+    """Assert the final answer matched; the message shows truth, prediction and prompt end."""
+    if record["final_match"]:
+        return
+    tail = record.get("prompt_tail", "")
+    if record["parse_fail"]:
+        what = f"PARSE FAILURE ({record['parse_fail_reason']}): output {record['final_pred']!r}"
+    else:
+        what = f"expected {record['final_gt']!r}, predicted {record['final_pred']!r}"
+    pytest.fail(f"scenario {record['id']}: final query {what}\n  prompt ends: ...{tail}", pytrace=False)
+
+
+def check_turns(record: dict[str, Any], scenario: Scenario | None = None) -> None:
+    """Assert every aligned turn matched; xfail (with the reason) where unaligned."""
+    if not record["aligned"]:
+        pytest.xfail(
+            f"turn structure unaligned with ground truth: {record['n_turns']} turns vs "
+            f"{record['n_memory_chain']} memory_chain entries; m2 skips this scenario"
+        )
+    wrong = [t for t in record["turns"] if t["match"] is False]
+    if not wrong:
+        return
+    lines = [
+        f"  turn {t['index']}: expected {t['gt']!r}, predicted {t['pred']!r}"
+        + (" (parse failure)" if t["parse_fail"] else "")
+        for t in wrong[:10]
+    ]
+    more = f"\n  ... and {len(wrong) - 10} more" if len(wrong) > 10 else ""
+    pytest.fail(
+        f"scenario {record['id']}: {len(wrong)}/{len(record['turns'])} turns wrong\n"
+        + "\n".join(lines)
+        + more,
+        pytrace=False,
+    )
+
+
+def test_final_query(memeval_record: dict[str, Any]) -> None:
+    """m1: the final answer about the scene must match."""
+    check_final_query(memeval_record)
+
+
+def test_turns(memeval_record: dict[str, Any]) -> None:
+    """m2: every aligned turn must match; unaligned scenarios are an xfail."""
+    check_turns(memeval_record)

@@ -1,0 +1,53 @@
+"""Hook specifications of pytest-memeval (all ``pytest_memeval_*``).
+
+Implement them in a ``conftest.py`` or a plugin. Arguments may be added in later versions,
+never renamed or removed (pluggy lets implementations take any subset of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from .decode import Decoder
+    from .profiles import Profile
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_memeval_build_benchmark(
+    config: pytest.Config, builder: str, options: Mapping[str, Any], rootdir: Path
+) -> Iterable[Mapping[str, Any]] | None:
+    """Build the scenario records of a profile whose ``benchmark`` is a builder table.
+
+    Return the records (each ``{"id", "messages", "memory_chain"?}``, the benchmark JSONL
+    format) if ``builder`` is yours, else ``None``. ``options`` are the table's other keys;
+    resolve relative paths against ``rootdir`` (the directory of the profile's file). The
+    bundled ``scene_memory`` builder is implemented this way. Runs on the controller and on
+    every xdist worker, so it must be deterministic.
+    """
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_memeval_make_decoder(
+    config: pytest.Config, profile: Profile, path: str, device: str
+) -> Decoder | None:
+    """Create the decoder for this worker (return ``None`` to let the next one decide).
+
+    Called once per worker, lazily, when the first eval item needs a rollout. The default
+    implementation loads the profile's model and adapter and returns the ``path`` decoder
+    (``fast`` or ``reference``); a replay profile gets the replay decoder.
+    """
+
+
+def pytest_memeval_record(config: pytest.Config, record: Mapping[str, Any]) -> None:
+    """A scenario record reached the controller (and was journaled). Plain JSON data."""
+
+
+def pytest_memeval_run_written(
+    config: pytest.Config, run_dir: Path, metrics: Mapping[str, Any]
+) -> None:
+    """The run directory is final: ``predictions.jsonl`` and ``metrics.json`` are written."""

@@ -1,0 +1,68 @@
+"""Aggregation: per-scenario records -> counts, streamed one record at a time.
+
+The controller feeds records as they arrive; nothing here keeps the records themselves, so a
+5,000-scenario run aggregates in constant memory. :mod:`pytest_memeval.recount` recomputes
+the same counts from ``predictions.jsonl`` with separate code, and the two must agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["METRICS_SCHEMA_VERSION", "Tally", "rate_block"]
+
+#: Version of ``metrics.json``; bump on any incompatible change (docs/results-schema.md).
+METRICS_SCHEMA_VERSION = 1
+
+
+def rate_block(correct: int, total: int) -> dict[str, Any]:
+    """``{"correct", "total", "rate"}``; rate is null when nothing was scored."""
+    return {"correct": correct, "total": total, "rate": (correct / total) if total else None}
+
+
+@dataclass
+class Tally:
+    """Running counts over scenario records."""
+
+    n: int = 0
+    m1_correct: int = 0
+    m2_correct: int = 0
+    m2_total: int = 0
+    unaligned: int = 0
+    parse_fail_final: int = 0
+    parse_fail_turns: int = 0
+    generated_turns: int = 0
+    by_position: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        self.n += 1
+        self.m1_correct += bool(record["final_match"])
+        self.parse_fail_final += bool(record["parse_fail"])
+        if not record["aligned"]:
+            self.unaligned += 1
+        for turn in record["turns"]:
+            self.parse_fail_turns += bool(turn["parse_fail"])
+            self.generated_turns += bool(turn.get("generated", True))
+            if record["aligned"] and turn["match"] is not None:
+                self.m2_total += 1
+                self.m2_correct += bool(turn["match"])
+                slot = self.by_position.setdefault(int(turn["index"]), [0, 0])
+                slot[0] += bool(turn["match"])
+                slot[1] += 1
+
+    def extend(self, records: Iterable[Mapping[str, Any]]) -> Tally:
+        for record in records:
+            self.add(record)
+        return self
+
+    def counts(self) -> dict[str, Any]:
+        """The count fields of ``metrics.json`` (those the recount must reproduce)."""
+        return {
+            "n": self.n,
+            "m1": rate_block(self.m1_correct, self.n),
+            "m2": rate_block(self.m2_correct, self.m2_total),
+            "unaligned": self.unaligned,
+            "parse_fail": {"final": self.parse_fail_final, "turns": self.parse_fail_turns},
+        }

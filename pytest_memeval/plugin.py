@@ -1,0 +1,257 @@
+"""pytest-memeval's pytest entry point (``pytest11``): options, configuration, collection.
+
+Data flow: the profile picked by ``--ckpt`` names a benchmark (file or builder) -> scenario
+records (:mod:`.benchmark`) -> one pair of items per scenario -> the worker's decoder
+(:mod:`.worker`) -> a record on each test report -> the controller (:mod:`.controller`)
+aggregates and writes the run directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from . import hookspecs
+from .benchmark import Benchmark, BenchmarkError, from_records, load_jsonl
+from .model import CheckpointError, check_adapter_dir, check_model_dir, fingerprint_dir
+from .profiles import Profile, ProfileError, resolve_profile
+from .state import STATE_KEY, MemevalState, is_worker, workerinput
+
+if TYPE_CHECKING:
+    from .decode import Decoder
+
+DECODE_PATHS = ("fast", "reference")
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("memeval", "scene-memory evaluation (pytest-memeval)")
+    group.addoption(
+        "--ckpt",
+        dest="memeval_ckpt",
+        metavar="NAME",
+        default=None,
+        help="checkpoint profile to evaluate ([tool.memeval.ckpt.NAME]); without it the "
+        "eval items are skipped",
+    )
+    group.addoption(
+        "--memeval-out",
+        dest="memeval_out",
+        metavar="DIR",
+        default=None,
+        help="run directory (default: <memeval_out ini>/<ckpt>, i.e. runs/<ckpt>)",
+    )
+    group.addoption(
+        "--memeval-decode",
+        dest="memeval_decode",
+        choices=DECODE_PATHS,
+        default=None,
+        help="decode path: 'fast' (one teacher-forced pass per scenario, generate only where "
+        "needed) or 'reference' (greedy generate per turn). Default: memeval_decode ini.",
+    )
+    parser.addini(
+        "memeval_profiles",
+        "TOML file holding [tool.memeval.ckpt.*] profiles (default: pyproject.toml in rootdir)",
+        default=None,
+    )
+    parser.addini("memeval_out", "parent directory of run directories", default="runs")
+    parser.addini("memeval_decode", "default decode path (fast or reference)", default="fast")
+
+
+def profiles_file(config: pytest.Config) -> Path:
+    value = config.getini("memeval_profiles")
+    if value:
+        return (config.rootpath / str(value)).resolve()
+    if config.inipath is not None and config.inipath.name == "pyproject.toml":
+        return config.inipath
+    return config.rootpath / "pyproject.toml"
+
+
+def load_benchmark(config: pytest.Config, profile: Profile) -> Benchmark:
+    """The profile's scenarios, from its JSONL file or its builder hook."""
+    spec = profile.benchmark
+    if spec.path is not None:
+        return load_jsonl(spec.path)
+    assert spec.builder is not None
+    records: Iterable[Mapping[str, Any]] | None = config.hook.pytest_memeval_build_benchmark(
+        config=config, builder=spec.builder, options=spec.options, rootdir=profile.root
+    )
+    if records is None:
+        raise BenchmarkError(
+            f"{profile.source}: [tool.memeval.ckpt.{profile.name}]: no plugin implements "
+            f"benchmark builder {spec.builder!r}"
+        )
+    return from_records(records, f"builder {spec.builder!r} ({profile.name})")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_memeval_build_benchmark(
+    builder: str, options: Mapping[str, Any], rootdir: Path
+) -> Iterable[Mapping[str, Any]] | None:
+    """The bundled scene-memory builder (task chains + initial-state manifest)."""
+    if builder != "scene_memory":
+        return None
+    from .builders import scene_memory
+
+    try:
+        return list(scene_memory.build(options, rootdir))
+    except (OSError, KeyError) as exc:
+        raise BenchmarkError(f"builder 'scene_memory': {exc}") from None
+
+
+def decoding_fingerprint(settings: Mapping[str, Any]) -> str:
+    """Hash of the decoding settings that can change predictions (not the decode path)."""
+    blob = json.dumps(dict(settings), sort_keys=True).encode("utf-8")
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _fingerprints(profile: Profile, benchmark: Benchmark) -> dict[str, str | None]:
+    if profile.kind == "replay":
+        from .decode.replay import source_fingerprints
+
+        fps = source_fingerprints(profile)
+        return {**fps, "benchmark": benchmark.fingerprint}
+    assert profile.model is not None
+    return {
+        "benchmark": benchmark.fingerprint,
+        "model": fingerprint_dir(profile.model),
+        "adapter": fingerprint_dir(profile.adapter) if profile.adapter else None,
+        "decoding": decoding_fingerprint(profile.generation.as_dict()),
+    }
+
+
+def _build_state(config: pytest.Config, name: str) -> MemevalState:
+    profile = resolve_profile(name, profiles_file(config))
+    if profile.kind == "model":
+        assert profile.model is not None
+        check_model_dir(profile.model)
+        if profile.adapter is not None:
+            check_adapter_dir(profile.adapter)
+    elif profile.predictions is not None and not profile.predictions.is_file():
+        raise ProfileError(
+            f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "
+            f"{profile.predictions}"
+        )
+    benchmark = load_benchmark(config, profile)
+    out = config.getoption("memeval_out")
+    run_dir = Path(out).resolve() if out else config.rootpath / config.getini("memeval_out") / name
+    decode = config.getoption("memeval_decode") or config.getini("memeval_decode")
+    if decode not in DECODE_PATHS:
+        raise pytest.UsageError(f"memeval_decode must be one of {DECODE_PATHS}, got {decode!r}")
+    wi = workerinput(config)
+    if wi is not None and wi.get("memeval_benchmark_fingerprint") not in (None, benchmark.fingerprint):
+        raise BenchmarkError(
+            f"{benchmark.source}: this worker built different scenarios than the controller "
+            "(a builder is not deterministic?)"
+        )
+    fingerprints = (
+        {"benchmark": benchmark.fingerprint} if wi is not None else _fingerprints(profile, benchmark)
+    )
+    return MemevalState(
+        profile=profile,
+        benchmark=benchmark,
+        scope_ids=benchmark.ids,
+        run_dir=run_dir,
+        decode_path="replay" if profile.kind == "replay" else str(decode),
+        fingerprints=fingerprints,
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "memeval_eval: an evaluation item of pytest-memeval (one per scenario and check)"
+    )
+    name = config.getoption("memeval_ckpt")
+    if not name:
+        return
+    try:
+        state = _build_state(config, name)
+    except (ProfileError, BenchmarkError, CheckpointError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    state.extra["started"] = time.time()
+    config.stash[STATE_KEY] = state
+    from .worker import MemevalWorker
+
+    config.pluginmanager.register(MemevalWorker(config, state), "memeval-worker")
+    if not is_worker(config):
+        from .controller import MemevalController
+
+        config.pluginmanager.register(MemevalController(config, state), "memeval-controller")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    state = config.stash.get(STATE_KEY, None)
+    if state is None:
+        return ["memeval: no --ckpt given, eval items will be skipped"]
+    p = state.profile
+    lines = [
+        f"memeval: ckpt {p.name} ({p.kind}), {len(state.scope_ids)} scenarios from "
+        f"{p.benchmark.describe()}, decode {state.decode_path}",
+    ]
+    if p.kind == "model":
+        lines.append(f"memeval: model {p.model}, adapter {p.adapter or 'none'}")
+    lines.append(f"memeval: run directory {state.run_dir}")
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "memeval_scenario" not in metafunc.fixturenames:
+        return
+    state = metafunc.config.stash.get(STATE_KEY, None)
+    if state is None:
+        reason = (
+            "no --ckpt given: eval items need a checkpoint profile "
+            "(e.g. pytest --ckpt oracle; profiles are [tool.memeval.ckpt.*] tables)"
+        )
+        metafunc.parametrize(
+            "memeval_scenario",
+            [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-ckpt")],
+            indirect=True,
+        )
+        return
+    metafunc.definition.add_marker(pytest.mark.memeval_eval)
+    metafunc.parametrize("memeval_scenario", state.scope_ids, ids=state.scope_ids, indirect=True)
+
+
+def default_decoder(config: pytest.Config, profile: Profile, path: str, device: str) -> Decoder:
+    """Load the profile's checkpoint and build its decoder (the default make_decoder)."""
+    if profile.kind == "replay":
+        from .decode.replay import ReplayDecoder
+
+        return ReplayDecoder(profile)
+    from .decode import make_model_decoder
+    from .model import load_model
+
+    assert profile.model is not None
+    settings = profile.generation
+    loaded = load_model(
+        profile.model,
+        profile.adapter,
+        dtype=settings.dtype,
+        attn_implementation=settings.attn_implementation,
+        device=device,
+    )
+    return make_model_decoder(path, loaded, settings.max_new_tokens)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_memeval_make_decoder(
+    config: pytest.Config, profile: Profile, path: str, device: str
+) -> Decoder | None:
+    return default_decoder(config, profile, path, device)
+
+
+# Fixtures live in one module so a reader finds them by name.
+from .fixtures import memeval_decoder, memeval_record, memeval_scenario  # noqa: E402
+
+__all__ = ["memeval_decoder", "memeval_record", "memeval_scenario"]

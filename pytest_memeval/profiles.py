@@ -1,0 +1,200 @@
+"""Checkpoint profiles: the ``[tool.memeval.ckpt.NAME]`` tables that ``--ckpt NAME`` picks.
+
+A model profile::
+
+    [tool.memeval.ckpt.oracle]
+    model = "demo/checkpoint/base"                 # transformers model directory (required)
+    adapter = "demo/checkpoint/adapters/oracle"    # PEFT adapter directory (optional)
+    benchmark = "data/val.jsonl"                   # a JSONL file, or a builder table:
+    # benchmark = { builder = "scene_memory", tasks = "...", init_state_manifest = "..." }
+    generation = { max_new_tokens = 16, dtype = "float32", attn_implementation = "eager" }
+    parse = { final = "[a-z_]+", turn = "(pick|place|open|close) .+" }   # optional
+
+A replay profile re-scores an existing run's predictions without a model::
+
+    [tool.memeval.ckpt.oracle-replay]
+    kind = "replay"
+    predictions = "runs/oracle/predictions.jsonl"
+    benchmark = ...
+
+Relative paths are resolved against the directory of the file that defines the profile.
+Every error names the file, the profile and the key.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .matching import ParseRules
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = [
+    "BenchmarkSpec",
+    "GenerationSettings",
+    "Profile",
+    "ProfileError",
+    "load_profiles",
+    "resolve_profile",
+]
+
+_MODEL_KEYS = {"kind", "model", "adapter", "benchmark", "generation", "parse"}
+_REPLAY_KEYS = {"kind", "predictions", "benchmark", "parse"}
+_GENERATION_KEYS = {"max_new_tokens", "dtype", "attn_implementation"}
+
+
+class ProfileError(ValueError):
+    """A profile is unknown or malformed; the message names file, profile and key."""
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """Where scenarios come from: a JSONL ``path``, or a ``builder`` name and its options."""
+
+    path: Path | None = None
+    builder: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.path is not None:
+            return str(self.path)
+        opts = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return f"builder {self.builder}({opts})"
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Decoding settings; part of the decoding fingerprint."""
+
+    max_new_tokens: int = 32
+    dtype: str = "float32"
+    attn_implementation: str = "eager"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "dtype": self.dtype,
+            "attn_implementation": self.attn_implementation,
+            "greedy": True,
+        }
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One resolved checkpoint profile."""
+
+    name: str
+    kind: str
+    benchmark: BenchmarkSpec
+    source: Path
+    model: Path | None = None
+    adapter: Path | None = None
+    predictions: Path | None = None
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    parse: ParseRules = field(default_factory=ParseRules)
+
+    @property
+    def root(self) -> Path:
+        return self.source.parent
+
+
+def load_profiles(path: Path) -> dict[str, Mapping[str, Any]]:
+    """The raw ``[tool.memeval.ckpt]`` tables of a TOML file (empty if it has none)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: invalid TOML ({exc})") from None
+    table = data.get("tool", {}).get("memeval", {}).get("ckpt", {})
+    if not isinstance(table, dict):
+        raise ProfileError(f"{path}: [tool.memeval.ckpt] must be a table of profiles")
+    return table
+
+
+def resolve_profile(name: str, path: Path) -> Profile:
+    """Resolve profile ``name`` from ``path``; unknown names list the known ones."""
+    profiles = load_profiles(path)
+    if name not in profiles:
+        known = ", ".join(sorted(profiles)) or "none"
+        raise ProfileError(
+            f"unknown --ckpt {name!r}: no [tool.memeval.ckpt.{name}] in {path} (known: {known})"
+        )
+    raw = profiles[name]
+    where = f"{path}: [tool.memeval.ckpt.{name}]"
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where} must be a table")
+    kind = raw.get("kind", "model")
+    if kind not in ("model", "replay"):
+        raise ProfileError(f"{where}: kind must be 'model' or 'replay', got {kind!r}")
+    allowed = _MODEL_KEYS if kind == "model" else _REPLAY_KEYS
+    unknown = set(raw) - allowed
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")
+    root = path.parent
+
+    def required_path(key: str) -> Path:
+        value = raw.get(key)
+        if value is None:
+            raise ProfileError(f"{where}: missing required key {key!r}")
+        if not isinstance(value, str) or not value:
+            raise ProfileError(f"{where}: {key!r} must be a path string")
+        return (root / value).resolve()
+
+    benchmark = _benchmark_spec(raw.get("benchmark"), where, root)
+    parse = raw.get("parse", {})
+    if not isinstance(parse, dict) or set(parse) - {"final", "turn"}:
+        raise ProfileError(f"{where}: 'parse' must be a table with keys 'final' and/or 'turn'")
+    rules = ParseRules(final=parse.get("final"), turn=parse.get("turn"))
+    if kind == "replay":
+        return Profile(name, kind, benchmark, path, predictions=required_path("predictions"), parse=rules)
+    adapter = raw.get("adapter")
+    if adapter is not None and (not isinstance(adapter, str) or not adapter):
+        raise ProfileError(f"{where}: 'adapter' must be a path string")
+    return Profile(
+        name,
+        kind,
+        benchmark,
+        path,
+        model=required_path("model"),
+        adapter=(root / adapter).resolve() if adapter else None,
+        generation=_generation(raw.get("generation", {}), where),
+        parse=rules,
+    )
+
+
+def _benchmark_spec(value: Any, where: str, root: Path) -> BenchmarkSpec:
+    if value is None:
+        raise ProfileError(f"{where}: missing required key 'benchmark'")
+    if isinstance(value, str):
+        return BenchmarkSpec(path=(root / value).resolve())
+    if isinstance(value, dict):
+        builder = value.get("builder")
+        if not isinstance(builder, str) or not builder:
+            raise ProfileError(f"{where}: benchmark table needs a 'builder' name")
+        options = {k: v for k, v in value.items() if k != "builder"}
+        return BenchmarkSpec(builder=builder, options=options)
+    raise ProfileError(f"{where}: 'benchmark' must be a file path or a builder table")
+
+
+def _generation(value: Any, where: str) -> GenerationSettings:
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: 'generation' must be a table")
+    unknown = set(value) - _GENERATION_KEYS
+    if unknown:
+        raise ProfileError(
+            f"{where}: unknown generation key(s) {sorted(unknown)} (allowed: {sorted(_GENERATION_KEYS)})"
+        )
+    settings = GenerationSettings(**value)
+    if not isinstance(settings.max_new_tokens, int) or settings.max_new_tokens < 1:
+        raise ProfileError(f"{where}: generation.max_new_tokens must be a positive integer")
+    if settings.dtype not in ("float32", "bfloat16", "float16"):
+        raise ProfileError(f"{where}: generation.dtype must be float32, bfloat16 or float16")
+    return settings

@@ -1,0 +1,111 @@
+"""Independent recount: the metrics again, from ``predictions.jsonl`` alone.
+
+The seed's check ("accuracy recounted from predictions.jsonl equals the harness's metrics")
+as code. This module deliberately shares no counting code with :mod:`pytest_memeval.metrics`:
+it re-derives every match from the stored booleans with plain loops, so a bug in the
+aggregate cannot hide behind the same bug in its check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RecountError", "recount_file", "recount_run"]
+
+_CHECKED = ("n", "m1", "m2", "unaligned", "parse_fail")
+
+
+class RecountError(RuntimeError):
+    """``metrics.json`` disagrees with ``predictions.jsonl``, or either is unreadable."""
+
+
+def recount_file(path: Path) -> dict[str, Any]:
+    """Recount the count fields of ``metrics.json`` from a predictions file."""
+    n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
+    ids: set[str] = set()
+    with path.open(encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise RecountError(f"{path}:{lineno}: malformed line") from None
+        if rec["id"] in ids:
+            raise RecountError(f"{path}:{lineno}: scenario {rec['id']!r} appears twice")
+        ids.add(rec["id"])
+        n += 1
+        if rec["final_match"] is True:
+            final_ok += 1
+        if rec["parse_fail"] is True:
+            pf_final += 1
+        if rec["aligned"] is not True:
+            unaligned += 1
+        for turn in rec["turns"]:
+            if turn["parse_fail"] is True:
+                pf_turns += 1
+            if rec["aligned"] is True and turn["match"] is not None:
+                turn_scored += 1
+                if turn["match"] is True:
+                    turn_ok += 1
+    return {
+        "n": n,
+        "m1": {"correct": final_ok, "total": n, "rate": final_ok / n if n else None},
+        "m2": {
+            "correct": turn_ok,
+            "total": turn_scored,
+            "rate": turn_ok / turn_scored if turn_scored else None,
+        },
+        "unaligned": unaligned,
+        "parse_fail": {"final": pf_final, "turns": pf_turns},
+    }
+
+
+def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[str]:
+    """Human-readable differences between claimed and recounted count fields."""
+    problems = []
+    for key in _CHECKED:
+        if claimed.get(key) != recounted.get(key):
+            problems.append(f"{key}: metrics say {claimed.get(key)!r}, recount gives {recounted.get(key)!r}")
+    return problems
+
+
+def recount_run(run_dir: Path) -> dict[str, Any]:
+    """Check ``run_dir/metrics.json`` against ``run_dir/predictions.jsonl``; raise on mismatch."""
+    metrics_path, predictions_path = run_dir / "metrics.json", run_dir / "predictions.jsonl"
+    for p in (metrics_path, predictions_path):
+        if not p.is_file():
+            raise RecountError(f"{p}: missing")
+    try:
+        claimed = json.loads(metrics_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RecountError(f"{metrics_path}: malformed ({exc.msg})") from None
+    recounted = recount_file(predictions_path)
+    problems = compare_counts(claimed, recounted)
+    if problems:
+        raise RecountError(f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems))
+    return recounted
+
+
+def cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, help="run directory (metrics.json + predictions.jsonl)")
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    try:
+        recounted = recount_run(args.run_dir)
+    except (RecountError, OSError, KeyError, TypeError) as exc:
+        print(f"memeval recount: FAIL: {exc}", file=sys.stderr)
+        return 1
+    m1, m2 = recounted["m1"], recounted["m2"]
+    print(
+        f"memeval recount: OK {args.run_dir}: n={recounted['n']} "
+        f"m1={m1['correct']}/{m1['total']} m2={m2['correct']}/{m2['total']} "
+        f"unaligned={recounted['unaligned']} parse_fail={recounted['parse_fail']}"
+    )
+    return 0

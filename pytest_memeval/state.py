@@ -1,0 +1,78 @@
+"""Run state kept in ``config.stash``, and the one typed accessor for xdist's workerinput.
+
+Only plain data crosses processes: the controller puts strings and numbers into
+``workerinput`` (see :class:`MemevalWorkerInput`); each worker rebuilds its own state from the
+same profile and checks the benchmark fingerprint it computes against the controller's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict, cast
+
+import pytest
+
+from .benchmark import Benchmark, Scenario
+from .profiles import Profile
+
+__all__ = [
+    "STATE_KEY",
+    "MemevalState",
+    "MemevalWorkerInput",
+    "is_worker",
+    "worker_id",
+    "workerinput",
+]
+
+
+class MemevalWorkerInput(TypedDict, total=False):
+    """What the controller hands each worker in ``pytest_configure_node``."""
+
+    memeval_benchmark_fingerprint: str
+    memeval_device: str
+    memeval_torch_threads: int
+    memeval_run_started: float
+
+
+def workerinput(config: pytest.Config) -> MemevalWorkerInput | None:
+    """This worker's input from the controller, or ``None`` outside an xdist worker."""
+    raw = getattr(config, "workerinput", None)
+    return cast(MemevalWorkerInput, raw) if raw is not None else None
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return workerinput(config) is not None
+
+
+def worker_id(config: pytest.Config) -> str:
+    """``gw0``, ``gw1``... under xdist; ``master`` otherwise (xdist's own convention)."""
+    raw = getattr(config, "workerinput", None)
+    if raw is None:
+        return "master"
+    return str(raw.get("workerid", os.environ.get("PYTEST_XDIST_WORKER", "master")))
+
+
+@dataclass
+class MemevalState:
+    """Everything the plugin knows about the current run, built in ``pytest_configure``."""
+
+    profile: Profile
+    benchmark: Benchmark
+    scope_ids: list[str]
+    run_dir: Path
+    decode_path: str
+    fingerprints: dict[str, str | None]
+    shard: tuple[int, int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scenarios(self) -> dict[str, Scenario]:
+        cached = self.extra.get("_by_id")
+        if cached is None:
+            cached = self.extra["_by_id"] = self.benchmark.by_id()
+        return cast(dict[str, Scenario], cached)
+
+
+STATE_KEY = pytest.StashKey[MemevalState]()
