@@ -140,7 +140,9 @@ def parse_record(obj: Any, *, where: str, index: int) -> Scenario:
             return _raise(where, f"messages[{i}] is not an object")
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
-            return _raise(where, f"messages[{i}] has unknown role {role!r} (expected one of {ROLES})")
+            return _raise(
+                where, f"messages[{i}] has unknown role {role!r} (expected one of {ROLES})"
+            )
         if not isinstance(content, str):
             return _raise(where, f"messages[{i}].content is missing or not a string")
         extra = set(message) - {"role", "content"}
@@ -196,12 +198,15 @@ def read_jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BenchmarkError(
-                f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}: {line[exc.start:exc.start + 1]!r})"
+                f"{path}:{lineno}: not valid UTF-8 "
+                f"(byte {exc.start}: {line[exc.start : exc.start + 1]!r})"
             ) from None
         try:
             yield lineno, json.loads(text)
         except json.JSONDecodeError as exc:
-            raise BenchmarkError(f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+            raise BenchmarkError(
+                f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -236,7 +241,8 @@ def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
         scenario = parse_record(obj, where=where, index=len(scenarios))
         if scenario.id in seen:
             raise BenchmarkError(
-                f"{where}: duplicate scenario id {scenario.id!r} (first seen at {seen[scenario.id]})"
+                f"{where}: duplicate scenario id {scenario.id!r} "
+                f"(first seen at {seen[scenario.id]})"
             )
         seen[scenario.id] = where
         digest.update(dump_record(scenario.to_record()).encode("utf-8"))

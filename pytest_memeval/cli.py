@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("pytest_memeval.merge", "merge complete shard runs into one run"),
     "compare": ("pytest_memeval.compare", "compare two runs (m1/m2, intervals, McNemar, flips)"),
     "report": ("pytest_memeval.report", "write a self-contained HTML report of one or two runs"),
+    "known-failures": (
+        "pytest_memeval.expect",
+        "list a run's failing eval items (for pytest --memeval-expect FILE)",
+    ),
     "bench": ("pytest_memeval.bench", "benchmark the fast decode path against the reference"),
 }
 

@@ -20,7 +20,17 @@ import pytest
 
 from .metrics import METRICS_SCHEMA_VERSION, Tally
 from .recount import compare_counts, recount_file
-from .rundir import JOURNAL, METRICS, PREDICTIONS, Journal, atomic_write, write_json
+from .resume import ResumeError, ResumePoint, ResumeSelection, journal_header, resume_point
+from .rundir import (
+    JOURNAL,
+    JOURNAL_PREVIOUS,
+    METRICS,
+    PREDICTIONS,
+    Journal,
+    atomic_write,
+    write_json,
+)
+from .sharding import shard_scope
 from .state import MemevalState
 
 __all__ = ["MemevalController"]
@@ -47,6 +57,17 @@ class MemevalController:
         self.metrics: dict[str, Any] | None = None
         self.problems: list[str] = []
         self.started = time.time()
+        self.resumed: ResumePoint | None = None
+        if config.getoption("memeval_resume", False):
+            try:
+                self.resumed = resume_point(self.journal, state)
+            except ResumeError as exc:
+                raise pytest.UsageError(str(exc)) from None
+            self.offsets.update(self.resumed.offsets)
+            config.pluginmanager.register(
+                ResumeSelection(self.resumed.done), "memeval-resume-selection"
+            )
+        config.pluginmanager.register(_ReleaseRecords(), "memeval-release-records")
         if config.pluginmanager.has_plugin("xdist"):
             from .scheduler import SchedulerPlugin
 
@@ -76,10 +97,24 @@ class MemevalController:
 
     # -- records -------------------------------------------------------------------------
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        self.journal.open(truncate=True)
+    def _begin(self) -> None:
+        """Open the journal when this run first has something to keep (not at start: a run
+        that selects no eval item must leave the previous run's directory alone).
 
+        A fresh run moves the previous journal to ``journal.prev.jsonl`` rather than
+        truncating it (a forgotten ``--memeval-resume`` loses nothing) and removes the
+        previous ``metrics.json``: until this run finishes, the directory has no metrics, so
+        a hard kill can never leave an older result looking like this run's.
+        """
+        if self.journal.is_open:
+            return
+        (self.run_dir / METRICS).unlink(missing_ok=True)
+        path = self.journal.path
+        if self.resumed is None and path.is_file() and path.stat().st_size:
+            path.replace(self.run_dir / JOURNAL_PREVIOUS)
+        self.journal.open(truncate=self.resumed is None, header=journal_header(self.state))
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "memeval_record", None)
         if not isinstance(record, dict) or record.get("id") in self.offsets:
@@ -88,6 +123,7 @@ class MemevalController:
         if sid not in self.state.scenarios:
             self.problems.append(f"record for unknown scenario {sid!r} from {report.nodeid}")
             return
+        self._begin()
         self.offsets[sid] = self.journal.append(record)
         self.config.hook.pytest_memeval_record(config=self.config, record=record)
 
@@ -95,15 +131,19 @@ class MemevalController:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        self.journal.close()
         wall = time.time() - self.started
         scope = self.state.scope_ids
-        selected = self.selected if self.selected is not None else set(scope)
+        selected = set(self.selected) if self.selected is not None else set(scope)
+        if self.resumed is not None:
+            selected |= self.resumed.done  # deselected because the journal has them
         done = [sid for sid in scope if sid in self.offsets]
         missing_selected = [sid for sid in scope if sid in selected and sid not in self.offsets]
         not_selected = [sid for sid in scope if sid not in selected]
         if not done and not missing_selected:
+            self.journal.close()
             return  # no eval item ran or was selected (e.g. -k picked only plugin tests)
+        self._begin()
+        self.journal.close()
 
         predictions = self.run_dir / PREDICTIONS
         tally = Tally()
@@ -115,7 +155,9 @@ class MemevalController:
             self.problems.append("recount disagrees with the aggregate: " + "; ".join(disagreements))
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
             return
-        complete = not missing_selected and not not_selected
+        # A shard is never "complete": its metrics cover a slice, not the benchmark (compare
+        # and the gate refuse it); `memeval merge` makes the complete run from all shards.
+        complete = not missing_selected and not not_selected and self.state.shard is None
         metrics: dict[str, Any] = {
             "schema_version": METRICS_SCHEMA_VERSION,
             "ckpt": self.state.profile.name,
@@ -128,7 +170,8 @@ class MemevalController:
                 "selected": len(scope) - len(not_selected),
                 "evaluated": len(done),
                 "subset": bool(not_selected),
-                "shard": None,
+                "shard": shard_scope(self.state.benchmark.ids, self.state.shard),
+                "resumed": len(self.resumed.offsets) if self.resumed is not None else 0,
             },
             "missing": missing_selected,
             "not_selected": not_selected,
@@ -154,8 +197,18 @@ class MemevalController:
         self.config.hook.pytest_memeval_run_written(
             config=self.config, run_dir=self.run_dir, metrics=metrics
         )
-        if missing_selected and session.exitstatus == pytest.ExitCode.OK:
+        if missing_selected and session.exitstatus in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        elif (
+            not missing_selected
+            and self.resumed is not None
+            and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
+        ):
+            # Resuming a journal that already had everything: nothing to run is success.
+            session.exitstatus = pytest.ExitCode.OK
 
     def _predictions_lines(self, ids: list[str], tally: Tally) -> Iterator[str]:
         import json
@@ -185,6 +238,17 @@ class MemevalController:
                 red=True,
                 bold=True,
             )
+            tr.line(
+                f"the {m['scope']['evaluated']} finished scenario(s) are kept in "
+                f"{self.run_dir / JOURNAL}; rerun with --memeval-resume to evaluate only "
+                "the missing ones",
+                red=True,
+            )
+        if self.resumed is not None:
+            tr.line(
+                f"resumed: {len(self.resumed.offsets)} scenario(s) taken from the journal, "
+                f"{m['scope']['evaluated'] - len(self.resumed.offsets)} evaluated now"
+            )
         if m["scope"]["subset"]:
             s = m["scope"]
             tr.line(
@@ -200,10 +264,19 @@ def _pct(block: dict[str, Any]) -> str:
     return f"{block['correct']}/{block['total']} = {rate * 100:.2f}%" if rate is not None else "n/a"
 
 
+def _status(m: dict[str, Any]) -> str:
+    shard = (m.get("scope") or {}).get("shard")
+    if m["complete"]:
+        return "complete"
+    if shard and not m["missing"] and not m["not_selected"]:
+        return f"shard {shard['spec']} complete; merge all shards with memeval merge"
+    return "INCOMPLETE"
+
+
 def format_summary(m: dict[str, Any]) -> str:
     """The terminal lines for a metrics dict."""
     lines = [
-        f"ckpt {m['ckpt']}: {m['n']} scenarios ({'complete' if m['complete'] else 'INCOMPLETE'})",
+        f"ckpt {m['ckpt']}: {m['n']} scenarios ({_status(m)})",
         f"m1 final-query: {_pct(m['m1'])}",
         f"m2 turn-level:  {_pct(m['m2'])}  (aligned scenarios only)",
         f"unaligned: {m['unaligned']}/{m['n']}   parse failures: final {m['parse_fail']['final']}, "
@@ -227,3 +300,24 @@ class _XdistSelection:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         self.controller.note_collected(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        # Plain data only: each worker deselects the same scenarios the controller resumed.
+        resumed = self.controller.resumed
+        if resumed is not None and resumed.offsets:
+            node.workerinput["memeval_resume_done"] = sorted(resumed.offsets)
+
+
+class _ReleaseRecords:
+    """Drops ``memeval_record`` from each report once every plugin has seen it.
+
+    pytest's terminal reporter keeps every report until the session ends; with the record on
+    it, the controller would hold every scenario's record (prompts, outputs) in memory. The
+    record is in the journal by then, and that is where the end of the run reads it from.
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if hasattr(report, "memeval_record"):
+            del report.memeval_record

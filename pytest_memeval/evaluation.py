@@ -28,7 +28,9 @@ def check_final_query(record: dict[str, Any]) -> None:
         what = f"PARSE FAILURE ({record['parse_fail_reason']}): output {record['final_pred']!r}"
     else:
         what = f"expected {record['final_gt']!r}, predicted {record['final_pred']!r}"
-    pytest.fail(f"scenario {record['id']}: final query {what}\n  prompt ends: ...{tail}", pytrace=False)
+    pytest.fail(
+        f"scenario {record['id']}: final query {what}\n  prompt ends: ...{tail}", pytrace=False
+    )
 
 
 def check_turns(record: dict[str, Any], scenario: Scenario | None = None) -> None:

@@ -132,6 +132,10 @@ def load_model(
         check_adapter_dir(adapter_dir)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # The per-tensor loading bar would print once per worker into every captured log.
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
@@ -141,7 +145,7 @@ def load_model(
     )
     if getattr(tokenizer, "chat_template", None) is None:
         raise CheckpointError(f"{model_dir}: the tokenizer has no chat template")
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         str(model_dir),
         dtype=torch_dtype,
         attn_implementation=attn_implementation,

@@ -28,6 +28,17 @@ if TYPE_CHECKING:
 
 DECODE_PATHS = ("fast", "reference")
 
+# CI gates / known failures, and the pytest-html integration (active only with pytest-html),
+# are plugin modules of their own, loaded with this one.
+pytest_plugins = [
+    "pytest_memeval.gate",
+    "pytest_memeval.html_extras",
+    # One device per xdist worker; its early hooks bind before anything touches CUDA.
+    "pytest_memeval.device_binding",
+    # Byte guards: parametrizes @pytest.mark.memeval_guard items (model-free, no --ckpt).
+    "pytest_memeval.guard_tests",
+]
+
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
@@ -57,6 +68,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="decode path: 'fast' (one teacher-forced pass per scenario, generate only where "
         "needed) or 'reference' (greedy generate per turn). Default: memeval_decode ini.",
+    )
+    group.addoption(
+        "--memeval-resume",
+        dest="memeval_resume",
+        action="store_true",
+        default=False,
+        help="continue the run in the run directory: evaluate only the scenarios its journal "
+        "lacks (refused unless benchmark, model, adapter and decoding fingerprints match)",
+    )
+    group.addoption(
+        "--memeval-gpus",
+        dest="memeval_gpus",
+        metavar="IDS",
+        default=None,
+        help="GPUs for the xdist workers, one each, e.g. 0,1,2,3 (physical ids, as nvidia-smi "
+        "numbers them; 'cpu' for none). Default: CUDA_VISIBLE_DEVICES if set, else every GPU "
+        "nvidia-smi lists. Devices are bound when --ckpt or this option is given.",
+    )
+    group.addoption(
+        "--memeval-workers-per-gpu",
+        dest="memeval_workers_per_gpu",
+        metavar="K",
+        type=int,
+        default=1,
+        help="allow K xdist workers on each GPU (default 1: more workers than GPUs is an error)",
+    )
+    group.addoption(
+        "--memeval-shard",
+        dest="memeval_shard",
+        metavar="K/N",
+        default=None,
+        help="evaluate only shard K of N (1-based; contiguous slices in benchmark order, sizes "
+        "differing by at most 1); the run goes to runs/<ckpt>/shard-K-of-N unless "
+        "--memeval-out is given. Merge the N shard runs with 'memeval merge'.",
     )
     parser.addini(
         "memeval_profiles",
@@ -142,8 +187,18 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
             f"{profile.predictions}"
         )
     benchmark = load_benchmark(config, profile)
+    scope_ids, shard = benchmark.ids, None
+    if config.getoption("memeval_shard"):
+        from .sharding import ShardError, select_shard, shard_dir_name
+
+        try:
+            scope_ids, shard = select_shard(benchmark.ids, config.getoption("memeval_shard"))
+        except ShardError as exc:
+            raise pytest.UsageError(str(exc)) from None
     out = config.getoption("memeval_out")
     run_dir = Path(out).resolve() if out else config.rootpath / config.getini("memeval_out") / name
+    if shard is not None and not out:
+        run_dir = run_dir / shard_dir_name(*shard)
     decode = config.getoption("memeval_decode") or config.getini("memeval_decode")
     if decode not in DECODE_PATHS:
         raise pytest.UsageError(f"memeval_decode must be one of {DECODE_PATHS}, got {decode!r}")
@@ -153,16 +208,17 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
             f"{benchmark.source}: this worker built different scenarios than the controller "
             "(a builder is not deterministic?)"
         )
-    fingerprints = (
+    fingerprints: dict[str, str | None] = (
         {"benchmark": benchmark.fingerprint} if wi is not None else _fingerprints(profile, benchmark)
     )
     return MemevalState(
         profile=profile,
         benchmark=benchmark,
-        scope_ids=benchmark.ids,
+        scope_ids=scope_ids,
         run_dir=run_dir,
         decode_path="replay" if profile.kind == "replay" else str(decode),
         fingerprints=fingerprints,
+        shard=shard,
     )
 
 
@@ -183,6 +239,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from .worker import MemevalWorker
 
     config.pluginmanager.register(MemevalWorker(config, state), "memeval-worker")
+    from .resume import register_worker_resume
+
+    register_worker_resume(config)
     if not is_worker(config):
         from .controller import MemevalController
 
@@ -200,6 +259,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     ]
     if p.kind == "model":
         lines.append(f"memeval: model {p.model}, adapter {p.adapter or 'none'}")
+    if state.shard is not None:
+        from .sharding import describe_shard
+
+        lines.append(describe_shard(state.benchmark.ids, state.shard))
     lines.append(f"memeval: run directory {state.run_dir}")
     return lines
 

@@ -137,7 +137,9 @@ def resolve_profile(name: str, path: Path) -> Profile:
     allowed = _MODEL_KEYS if kind == "model" else _REPLAY_KEYS
     unknown = set(raw) - allowed
     if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")
+        raise ProfileError(
+            f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(allowed)})"
+        )
     root = path.parent
 
     def required_path(key: str) -> Path:
@@ -154,7 +156,9 @@ def resolve_profile(name: str, path: Path) -> Profile:
         raise ProfileError(f"{where}: 'parse' must be a table with keys 'final' and/or 'turn'")
     rules = ParseRules(final=parse.get("final"), turn=parse.get("turn"))
     if kind == "replay":
-        return Profile(name, kind, benchmark, path, predictions=required_path("predictions"), parse=rules)
+        return Profile(
+            name, kind, benchmark, path, predictions=required_path("predictions"), parse=rules
+        )
     adapter = raw.get("adapter")
     if adapter is not None and (not isinstance(adapter, str) or not adapter):
         raise ProfileError(f"{where}: 'adapter' must be a path string")
@@ -190,7 +194,8 @@ def _generation(value: Any, where: str) -> GenerationSettings:
     unknown = set(value) - _GENERATION_KEYS
     if unknown:
         raise ProfileError(
-            f"{where}: unknown generation key(s) {sorted(unknown)} (allowed: {sorted(_GENERATION_KEYS)})"
+            f"{where}: unknown generation key(s) {sorted(unknown)} "
+            f"(allowed: {sorted(_GENERATION_KEYS)})"
         )
     settings = GenerationSettings(**value)
     if not isinstance(settings.max_new_tokens, int) or settings.max_new_tokens < 1:

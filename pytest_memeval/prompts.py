@@ -16,7 +16,9 @@ from .benchmark import Scenario
 __all__ = ["TurnPrompt", "conversation_ids", "render", "turn_prompts"]
 
 
-def render(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:
+def render(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool
+) -> str:
     """The chat-template text of ``messages``."""
     text = tokenizer.apply_chat_template(
         [dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt

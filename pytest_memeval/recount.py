@@ -71,7 +71,9 @@ def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[s
     problems = []
     for key in _CHECKED:
         if claimed.get(key) != recounted.get(key):
-            problems.append(f"{key}: metrics say {claimed.get(key)!r}, recount gives {recounted.get(key)!r}")
+            problems.append(
+                f"{key}: metrics say {claimed.get(key)!r}, recount gives {recounted.get(key)!r}"
+            )
     return problems
 
 
@@ -88,12 +90,16 @@ def recount_run(run_dir: Path) -> dict[str, Any]:
     recounted = recount_file(predictions_path)
     problems = compare_counts(claimed, recounted)
     if problems:
-        raise RecountError(f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems))
+        raise RecountError(
+            f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems)
+        )
     return recounted
 
 
 def cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="run directory (metrics.json + predictions.jsonl)")
+    parser.add_argument(
+        "run_dir", type=Path, help="run directory (metrics.json + predictions.jsonl)"
+    )
 
 
 def cli_main(args: argparse.Namespace) -> int:

@@ -21,6 +21,8 @@ from typing import IO, Any
 
 __all__ = [
     "JOURNAL",
+    "JOURNAL_HEADER_KEY",
+    "JOURNAL_PREVIOUS",
     "METRICS",
     "PREDICTIONS",
     "Journal",
@@ -31,6 +33,10 @@ __all__ = [
 ]
 
 JOURNAL = "journal.jsonl"
+#: Where a fresh run moves the journal of the run before it (never silently discarded).
+JOURNAL_PREVIOUS = "journal.prev.jsonl"
+#: Key that marks a journal's header line (the run's fingerprints); records carry ``id``.
+JOURNAL_HEADER_KEY = "memeval_journal"
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
 
@@ -73,7 +79,10 @@ def read_json(path: Path) -> Any:
 
 
 def read_predictions(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield records of a predictions or journal file; a torn last line is an error here."""
+    """Yield records of a predictions or journal file; a torn last line is an error here.
+
+    A journal's header line (``{"memeval_journal": ...}``) is not a record and is skipped.
+    """
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -82,6 +91,8 @@ def read_predictions(path: Path) -> Iterator[dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: malformed record ({exc.msg})") from None
+            if isinstance(record, dict) and JOURNAL_HEADER_KEY in record:
+                continue
             if not isinstance(record, dict) or "id" not in record:
                 raise ValueError(f"{path}:{lineno}: not a scenario record")
             yield record
@@ -90,6 +101,8 @@ def read_predictions(path: Path) -> Iterator[dict[str, Any]]:
 class Journal:
     """Append-only JSONL of records, durable line by line.
 
+    The first line is a header (``{"memeval_journal": 1, "fingerprints": ...}``) describing
+    the run, so a journal alone says what it is a journal of (``--memeval-resume`` checks it).
     A process killed mid-write leaves at most one torn last line, which :meth:`recover`
     drops; every complete line is a whole record.
     """
@@ -97,19 +110,45 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[str] | None = None
+        self._fh: IO[bytes] | None = None
 
-    def open(self, *, truncate: bool) -> None:
-        self._fh = self.path.open("w" if truncate else "a", encoding="utf-8", newline="\n")
+    def open(self, *, truncate: bool, header: Mapping[str, Any] | None = None) -> None:
+        """Open for appending (``truncate``: start empty). ``header`` is written first when
+        the journal is empty; it must carry :data:`JOURNAL_HEADER_KEY`."""
+        # Binary mode: tell() is then a plain byte offset, the one read_at() seeks to.
+        self._fh = self.path.open("wb" if truncate else "ab")
+        if header is not None and self._fh.tell() == 0:
+            assert JOURNAL_HEADER_KEY in header
+            self._write(header)
+            _fsync_dir(self.path.parent)
 
-    def append(self, record: Mapping[str, Any]) -> int:
-        """Append one record; returns the byte offset where it starts."""
+    @property
+    def is_open(self) -> bool:
+        return self._fh is not None
+
+    def _write(self, data: Mapping[str, Any]) -> int:
         assert self._fh is not None, "journal not open"
         offset = self._fh.tell()
-        self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._fh.write((json.dumps(data, ensure_ascii=False) + "\n").encode("utf-8"))
         self._fh.flush()
         os.fsync(self._fh.fileno())
         return offset
+
+    def append(self, record: Mapping[str, Any]) -> int:
+        """Append one record (flushed and synced); returns the byte offset where it starts."""
+        return self._write(record)
+
+    def read_header(self) -> dict[str, Any] | None:
+        """The header line, or ``None`` for a missing/empty journal or one without header."""
+        if not self.path.is_file():
+            return None
+        with self.path.open("rb") as fh:
+            first = fh.readline()
+        try:
+            data = json.loads(first.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return data if isinstance(data, dict) and JOURNAL_HEADER_KEY in data else None
 
     def close(self) -> None:
         if self._fh is not None:
@@ -117,20 +156,35 @@ class Journal:
             self._fh = None
 
     def recover(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Yield ``(offset, record)`` for every whole line; truncate a torn tail."""
+        """Yield ``(offset, record)`` for every whole record line; truncate a torn tail.
+
+        Only the *last* line can be torn (appends are synced one by one); an unreadable line
+        with good lines after it means the file was damaged otherwise, and is an error
+        rather than a reason to drop the records after it.
+        """
         if not self.path.exists():
             return
         good_end = 0
+        torn_at: int | None = None
         with self.path.open("rb") as fh:
             offset = 0
-            for raw in fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if torn_at is not None:
+                    if raw.strip():
+                        raise ValueError(
+                            f"{self.path}:{torn_at}: damaged journal line followed by more "
+                            "records; not truncating (repair or move the file)"
+                        )
+                    continue
                 try:
                     record = json.loads(raw.decode("utf-8"))
                 except (json.JSONDecodeError, UnicodeDecodeError):
-                    break
+                    record = None
                 if not raw.endswith(b"\n") or not isinstance(record, dict):
-                    break
-                yield offset, record
+                    torn_at = lineno
+                    continue
+                if JOURNAL_HEADER_KEY not in record:
+                    yield offset, record
                 offset += len(raw)
                 good_end = offset
         if self.path.stat().st_size != good_end:

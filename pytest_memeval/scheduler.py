@@ -22,6 +22,40 @@ class ScenarioScheduling(LoadScopeScheduling):  # type: ignore[misc]
         super().__init__(config, log)
         self.scenario_ids = scenario_ids
 
+    # -- worker crashes (a scenario that kills its worker, an OOM kill) ----------------------
+    #
+    # xdist's loadscope puts the crashed item back with the rest of its scope, so a scenario
+    # that kills its worker would kill every replacement in turn; and it reschedules onto a
+    # replacement worker that has not finished collecting (KeyError in _assign_work_unit,
+    # an INTERNALERROR that ends the run). Here, as in xdist's plain ``load`` scheduling, the
+    # crashed item is reported (by DSession) and not rerun; the scope's other items are, and
+    # a worker is given work only once its collection is in.
+
+    def remove_node(self, node: Any) -> str | None:
+        workload: dict[str, dict[str, bool]] = self.assigned_work.pop(node)
+        crashitem: str | None = None
+        for work_unit in workload.values():
+            for nodeid, completed in work_unit.items():
+                if not completed:
+                    crashitem = nodeid
+                    work_unit[nodeid] = True  # reported as the crash, not run again
+                    break
+            if crashitem is not None:
+                break
+        if crashitem is None:
+            return None
+        for scope, work_unit in workload.items():
+            if not all(work_unit.values()):
+                self.workqueue[scope] = work_unit
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashitem
+
+    def _reschedule(self, node: Any) -> None:
+        if node not in self.registered_collections:
+            return  # a replacement still collecting: schedule() runs again when it is done
+        super()._reschedule(node)
+
     def _split_scope(self, nodeid: str) -> str:
         if nodeid.endswith("]") and "[" in nodeid:
             param = nodeid[nodeid.rindex("[") + 1 : -1]

@@ -34,6 +34,10 @@ class MemevalWorkerInput(TypedDict, total=False):
     memeval_device: str
     memeval_torch_threads: int
     memeval_run_started: float
+    #: --memeval-expect: the known-failure item names, read once on the controller (gate.py)
+    memeval_known_failures: list[str]
+    memeval_known_failures_source: str
+    memeval_resume_done: list[str]  # --memeval-resume: scenario ids the journal has
 
 
 def workerinput(config: pytest.Config) -> MemevalWorkerInput | None:

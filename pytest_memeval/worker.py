@@ -8,12 +8,13 @@ reports as ``report.memeval_record`` (plain JSON data, serialised by xdist with 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .benchmark import Scenario
-from .devices import worker_device
+from .devices import device_label, worker_device
 from .scoring import score
 from .state import MemevalState, worker_id
 
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 
 RECORD_KEY = pytest.StashKey[dict[str, Any]]()
 
+#: Most scenario records one process keeps at a time (see MemevalWorker._records).
+RECORD_CACHE_SIZE = 64
+
 
 class MemevalWorker:
     """Per-process evaluation state: the lazily built decoder and the records computed here."""
@@ -33,8 +37,12 @@ class MemevalWorker:
         self.state = state
         self._decoder: Decoder | None = None
         self._decoder_error: str | None = None
-        self._records: dict[str, dict[str, Any]] = {}
+        # Bounded: a scenario's record is dropped once all its items here have run (items
+        # are grouped per scenario), and at most RECORD_CACHE_SIZE are kept whatever the order.
+        self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._pending: dict[str, int] = {}
         self.device = "unassigned"
+        self.device_label = "unassigned"  # what records note, e.g. "cuda:0 (physical 5)"
 
     def decoder(self) -> Decoder:
         if self._decoder_error is not None:
@@ -43,6 +51,7 @@ class MemevalWorker:
             from .model import CheckpointError
 
             self.device = worker_device(self.config)
+            self.device_label = device_label(self.config, self.device)
             try:
                 decoder = self.config.hook.pytest_memeval_make_decoder(
                     config=self.config,
@@ -69,10 +78,12 @@ class MemevalWorker:
             rollout,
             self.state.profile.parse,
             worker=worker_id(self.config),
-            device=self.device,
+            device=self.device_label,
             decode_s=round(time.perf_counter() - started, 6),
         )
         self._records[scenario.id] = record
+        while len(self._records) > RECORD_CACHE_SIZE:
+            self._records.popitem(last=False)  # recomputed (deterministically) if needed again
         return record
 
     def attach(self, item: pytest.Item, record: dict[str, Any]) -> None:
@@ -87,6 +98,30 @@ class MemevalWorker:
         record = item.stash.get(RECORD_KEY, None)
         if record is not None and report.when == "call":
             report.memeval_record = record
+            # The session keeps every item to the end: do not let each one pin its record.
+            del item.stash[RECORD_KEY]
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Count this process's items per scenario (after any deselection)."""
+        self._pending.clear()
+        for item in session.items:
+            sid = scenario_param(item)
+            if sid is not None:
+                self._pending[sid] = self._pending.get(sid, 0) + 1
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, None]:
+        yield
+        sid = scenario_param(item)
+        if sid is None:
+            return
+        left = self._pending.get(sid, 1) - 1
+        if left > 0:
+            self._pending[sid] = left
+        else:
+            # Every item of this scenario has run here: its record lives on in the journal.
+            self._pending.pop(sid, None)
+            self._records.pop(sid, None)
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         """Keep each scenario's items adjacent, so its rollout is used while it is fresh and

@@ -46,7 +46,9 @@ def decode_new_tokens(loaded: LoadedModel, new: Sequence[int]) -> TurnOutput:
         if tok in stop:
             text = loaded.tokenizer.decode(list(new[:i]), skip_special_tokens=True)
             return TurnOutput(text=text, stopped=True)
-    return TurnOutput(text=loaded.tokenizer.decode(list(new), skip_special_tokens=True), stopped=False)
+    return TurnOutput(
+        text=loaded.tokenizer.decode(list(new), skip_special_tokens=True), stopped=False
+    )
 
 
 def prompt_tail(loaded: LoadedModel, ids: Sequence[int], n_tokens: int = 48) -> str:

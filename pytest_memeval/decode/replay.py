@@ -58,7 +58,9 @@ class ReplayDecoder:
             TurnOutput(t["pred"], bool(t.get("stopped", True)), generated=False) for t in turns
         ]
         outputs.append(
-            TurnOutput(record["final_pred"], bool(record.get("final_stopped", True)), generated=False)
+            TurnOutput(
+                record["final_pred"], bool(record.get("final_stopped", True)), generated=False
+            )
         )
         return Rollout(tuple(outputs), self.path, record.get("prompt_tail", ""))
 

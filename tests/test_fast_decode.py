@@ -1,0 +1,224 @@
+"""The fast decode path gives the reference path's rollouts, turn for turn.
+
+Real transformers + peft on the demo checkpoint: each model is loaded once per module, the
+reference rollouts are computed once per case, and the fast path is compared with them one
+scenario at a time (no batching) and batched (``prefetch`` of the whole subset, and batches
+of 3 so that rows of different lengths share a padded forward pass).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from pytest_memeval.benchmark import Scenario, from_records
+from pytest_memeval.decode import Rollout, make_model_decoder
+from pytest_memeval.decode.fast import FastDecoder, unsafe_generation_settings
+from pytest_memeval.decode.reference import ReferenceDecoder
+from pytest_memeval.model import LoadedModel, load_model
+
+from .conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
+
+MAX_NEW = 16
+N_SCENARIOS = 8
+
+# (adapter, data variant): both demo profiles, and the base model alone, whose predictions
+# are often wrong, so that the generate fallback must run.
+CASES = {
+    "baseline": ("baseline", "baseline"),
+    "oracle": ("oracle", "oracle"),
+    "base-only": (None, "baseline"),
+}
+
+
+def scenarios(variant: str, n: int = N_SCENARIOS) -> list[Scenario]:
+    return list(from_records(demo_records(variant, n), f"demo {variant}").scenarios)
+
+
+def outputs(rollout: Rollout) -> list[tuple[str, bool]]:
+    return [(o.text, o.stopped) for o in rollout.outputs]
+
+
+def assert_same(fast: Sequence[Rollout], reference: Sequence[Rollout], ids: Sequence[str]) -> None:
+    assert len(fast) == len(reference) == len(ids)
+    for sid, f, r in zip(ids, fast, reference, strict=True):
+        assert f.path == "fast" and r.path == "reference"
+        assert outputs(f) == outputs(r), f"scenario {sid}: fast and reference rollouts differ"
+        assert f.prompt_tail == r.prompt_tail
+        assert not f.notes, f"scenario {sid} fell back: {f.notes}"
+
+
+class Case:
+    def __init__(self, name: str, loaded: LoadedModel, variant: str) -> None:
+        self.name = name
+        self.loaded = loaded
+        self.scenarios = scenarios(variant)
+        ref = ReferenceDecoder(loaded, MAX_NEW)
+        self.reference = [ref.rollout(s) for s in self.scenarios]
+        self.ids = [s.id for s in self.scenarios]
+
+
+@pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
+def case(request: pytest.FixtureRequest) -> Iterator[Case]:
+    import torch
+
+    torch.set_num_threads(1)  # shared 2-core machines
+    adapter, variant = CASES[request.param]
+    loaded = load_model(BASE_MODEL, ADAPTERS / adapter if adapter else None)
+    yield Case(request.param, loaded, variant)
+
+
+def test_one_scenario_at_a_time_matches_reference(case: Case) -> None:
+    decoder = make_model_decoder("fast", case.loaded, MAX_NEW)
+    assert isinstance(decoder, FastDecoder)
+    fast = [decoder.rollout(s) for s in case.scenarios]
+    assert_same(fast, case.reference, case.ids)
+    turns = sum(len(r.outputs) for r in fast)
+    assert decoder.stats["turns"] == turns
+    assert decoder.stats["teacher_forced"] + decoder.stats["generated"] == turns
+    # ``generated`` says truthfully how each output was obtained.
+    assert sum(not o.generated for r in fast for o in r.outputs) == decoder.stats["teacher_forced"]
+    if case.name == "base-only":
+        # The base model alone is often wrong: the generate fallback must have run (and, by
+        # the comparison above, agreed with the reference wherever it did).
+        assert decoder.stats["generated_mismatch"] > 0
+        assert any(o.generated for r in fast for o in r.outputs)
+
+
+@pytest.mark.parametrize("batch_size", [3, 16])
+def test_batched_matches_reference(case: Case, batch_size: int) -> None:
+    decoder = FastDecoder(case.loaded, MAX_NEW, batch_size=batch_size)
+    decoder.prefetch(case.scenarios)
+    assert decoder.stats["scenarios"] == len(case.scenarios)
+    fast = [decoder.rollout(s) for s in case.scenarios]
+    # Everything came from the prefetch: nothing was decoded again, nothing is kept.
+    assert decoder.stats["scenarios"] == len(case.scenarios)
+    assert not decoder._ready
+    assert_same(fast, case.reference, case.ids)
+
+
+def test_margin_guard_reruns_near_ties_with_the_reference_call(case: Case) -> None:
+    """An infinite bound makes every decision a 'near tie': every turn is generated, every
+    cached generation is re-decided by the reference call, and the outputs still agree."""
+    decoder = FastDecoder(case.loaded, MAX_NEW, margin=math.inf)
+    fast = decoder.decode(case.scenarios[:3])
+    turns = sum(len(r.outputs) for r in fast)
+    assert all(o.generated for r in fast for o in r.outputs)
+    assert decoder.stats["generated_near_tie"] == turns
+    assert decoder.stats["generated_reference_rerun"] == turns
+    assert_same(fast, case.reference[:3], case.ids[:3])
+
+
+def test_truth_longer_than_max_new_tokens(case: Case) -> None:
+    """With a 2-token budget the truth does not fit: greedy runs into the limit (stopped
+    False), and the fast path must say exactly that too."""
+    subset = case.scenarios[:3]
+    ref = ReferenceDecoder(case.loaded, 2)
+    reference = [ref.rollout(s) for s in subset]
+    assert any(not o.stopped for r in reference for o in r.outputs)
+    assert_same(FastDecoder(case.loaded, 2).decode(subset), reference, case.ids[:3])
+
+
+@pytest.fixture(scope="module")
+def oracle_model() -> LoadedModel:
+    return load_model(BASE_MODEL, ADAPTERS / "oracle")
+
+
+def test_prefix_property_failure_falls_back_to_reference(oracle_model: LoadedModel) -> None:
+    """A template that renders the system message only in generation prompts: no turn prompt
+    is a prefix of the conversation, so the scenario is decoded by the reference path and the
+    rollout says why."""
+    tokenizer = copy.deepcopy(oracle_model.tokenizer)
+    tokenizer.chat_template = (
+        "{% for message in messages %}"
+        "{% if message['role'] != 'system' or add_generation_prompt %}"
+        "{{ '<|' + message['role'] + '|> ' + message['content'] + ' <|eot|> ' }}"
+        "{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    )
+    loaded = dataclasses.replace(oracle_model, tokenizer=tokenizer)
+    subset = scenarios("oracle", 2)
+    fast = FastDecoder(loaded, MAX_NEW).decode(subset)
+    ref = ReferenceDecoder(loaded, MAX_NEW)
+    for scenario, rollout in zip(subset, fast, strict=True):
+        assert rollout.notes and "not a token prefix" in rollout.notes[0]
+        assert outputs(rollout) == outputs(ref.rollout(scenario))
+        assert all(o.generated for o in rollout.outputs)
+
+
+def test_unsafe_generation_settings_turn_the_fast_path_off(oracle_model: LoadedModel) -> None:
+    from transformers import GenerationConfig
+
+    assert unsafe_generation_settings(GenerationConfig()) == []
+    assert unsafe_generation_settings(GenerationConfig(repetition_penalty=1.0)) == []
+    assert unsafe_generation_settings(GenerationConfig(repetition_penalty=1.3)) == [
+        "repetition_penalty=1.3"
+    ]
+    model = oracle_model.model
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.no_repeat_ngram_size = 2
+    try:
+        subset = scenarios("oracle", 2)
+        fast = FastDecoder(oracle_model, MAX_NEW).decode(subset)
+        ref = ReferenceDecoder(oracle_model, MAX_NEW)
+        for scenario, rollout in zip(subset, fast, strict=True):
+            assert rollout.notes and "no_repeat_ngram_size=2" in rollout.notes[0]
+            assert outputs(rollout) == outputs(ref.rollout(scenario))
+    finally:
+        model.generation_config = saved
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_plugin_runs_fast_and_reference_to_identical_predictions(
+    memeval_project: MemevalProject, xdist: list[str]
+) -> None:
+    """End to end, through the worker's prefetch: the default (fast) run predicts exactly
+    what ``--memeval-decode reference`` predicts, and its summary shows throughput."""
+    memeval_project.write(variant="oracle", n=5)
+    preds = {}
+    for path in ("fast", "reference"):
+        out = memeval_project.path / "runs" / path
+        args = ["--ckpt", "demo", "--memeval-out", str(out), *xdist]
+        if path == "reference":
+            args += ["--memeval-decode", "reference"]
+        result = memeval_project.run(*args)
+        result.stdout.fnmatch_lines([f"throughput: * scenarios/s over * s (decode {path})"])
+        records = [
+            json.loads(line)
+            for line in (out / "predictions.jsonl").read_text("utf-8").splitlines()
+        ]
+        assert {r["decode"] for r in records} == {path}
+        preds[path] = [
+            {
+                "id": r["id"],
+                "final": (r["final_pred"], r["final_stopped"]),
+                "turns": [(t["pred"], t["stopped"]) for t in r["turns"]],
+            }
+            for r in records
+        ]
+    assert preds["fast"] == preds["reference"]
+
+
+def test_prefetch_ignores_duplicates_and_known_scenarios(oracle_model: LoadedModel) -> None:
+    subset = scenarios("oracle", 3)
+    decoder = FastDecoder(oracle_model, MAX_NEW)
+    decoder.prefetch([subset[0], subset[0], subset[1]])
+    decoder.prefetch(subset[:2])
+    assert decoder.stats["scenarios"] == 2
+    first = decoder.rollout(subset[0])
+    assert decoder.rollout(subset[2]).path == "fast"  # not prefetched: decoded on demand
+    assert decoder.stats["scenarios"] == 3
+    assert outputs(decoder.rollout(subset[0])) == outputs(first)  # decoded again, same result
+    assert set(decoder._ready) == {subset[1].id}
+
+
+def test_rejects_bad_batch_settings(oracle_model: LoadedModel) -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        FastDecoder(oracle_model, MAX_NEW, batch_size=0)
+
