@@ -45,8 +45,15 @@ OBJECTS = (
     "pan", "fork", "banana", "tomato", "glass", "pot", "lettuce", "cheese",
 )  # fmt: skip
 
+#: Every word the generator (and the builder's rendering) can produce; the tokenizer's vocabulary.
+VOCABULARY = (
+    *OPEN_CONTAINERS, *DOOR_CONTAINERS, *OBJECTS, *scene_memory.DOOR_STATES,
+    "pick", "from", "place", "in", "open", "close", "where", "is", "?", "yes", "no",
+    "to", "objects", "doors", "none", ":", ",", ";",
+)  # fmt: skip
+
 N_SCENES = 120
-N_TRAIN = 1000
+N_TRAIN = 600
 N_VAL = 189
 P_CLOSED = 0.6
 
@@ -92,16 +99,18 @@ def make_task(
     n_turns: int,
 ) -> dict[str, Any]:
     """One task whose canonical chain has exactly ``n_turns`` subtasks, with a final query."""
-    objects = rng.sample(OBJECTS, rng.randint(4, 8))
+    objects = rng.sample(OBJECTS, rng.randint(6, 12))
     loc = {o: rng.choice(containers) for o in objects}
     initial = dict(loc)
     door_cs = [c for c in containers if c in DOOR_CONTAINERS]
     goals: list[dict[str, Any]] = []
     remaining = n_turns
     while remaining > 0:
+        # Objects not moved yet are preferred, so most objects move at most once per task.
+        unmoved = [o for o in objects if loc[o] == initial[o]] or objects
         candidates = []
         for _ in range(8):
-            obj = rng.choice(objects)
+            obj = rng.choice(unmoved)
             dst = rng.choice([c for c in containers if c != loc[obj]])
             g = _move(obj, loc[obj], dst)
             if len(g["subtasks"]) <= remaining:
@@ -127,13 +136,18 @@ def make_task(
     oracle = [s for _, s in scene_memory.ground_goals(goal_objs, doors)]
     where, state = scene_memory.final_state(initial, doors, oracle)
     placed = [o for o in objects if where[o] != "held"]
-    moved = [o for o in placed if where[o] != initial[o]]
-    if door_cs and rng.random() < 0.3:
+    # Query mix: door states (35%), the object of the last move (35%, recent memory) and any
+    # object in the scene (30%, long-range memory: its location may be far back in the prompt).
+    last_moved = [g["goal"].split()[0] for g in goals if g["goal"].split()[1] == "to"]
+    r = rng.random()
+    if door_cs and r < 0.35:
         c = rng.choice(door_cs)
         query, answer = f"is {c} open ?", ("yes" if state[c] == "open" else "no")
     else:
-        pool = moved if moved and rng.random() < 0.7 else placed
-        obj = rng.choice(pool)
+        if r < 0.7 and last_moved and where[last_moved[-1]] != "held":
+            obj = last_moved[-1]
+        else:
+            obj = rng.choice(placed)
         query, answer = f"where is {obj} ?", where[obj]
     return {
         "id": task_id,

@@ -66,7 +66,11 @@ def build_tokenizer(records: Sequence[dict[str, Any]], out: Path) -> Any:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words: set[str] = set()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_benchmark as gen
+
+    # Every word the generator can emit, so --turns/--n benchmarks never hit <|unk|>.
+    words: set[str] = set(gen.VOCABULARY)
     for r in records:
         for m in r["messages"]:
             words.update(m["content"].split())
@@ -86,9 +90,19 @@ def build_tokenizer(records: Sequence[dict[str, Any]], out: Path) -> Any:
         model_max_length=4096,
     )
     tok.chat_template = CHAT_TEMPLATE
+    save_tokenizer(tok, out)
+    return tok
+
+
+def save_tokenizer(tok: Any, out: Path) -> None:
+    """Save ``tok`` under the generic fast-tokenizer class name."""
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(out))
-    return tok
+    # The generic class name keeps the directory loadable by transformers 4.x as well.
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def encode(tok: Any, messages: Sequence[dict[str, str]], gen_prompt: bool = False) -> list[int]:
@@ -116,6 +130,32 @@ def check_tokenizer(tok: Any, records: Sequence[dict[str, Any]]) -> None:
 
 
 # --------------------------------------------------------------------------- data
+def with_queries(record: dict[str, Any], task: Any, rng: random.Random, p: float) -> dict[str, Any]:
+    """A baseline record with extra mid-chain ``where is X ?`` questions (base pretraining).
+
+    Before each turn, with probability ``p``, a question about a random object not in hand is
+    inserted, answered with its location after the canonical chain so far. The messages of the
+    record itself (rendered by the builder) are kept unchanged; only whole question/answer
+    pairs are added, re-using the benchmark's own query wording.
+    """
+    from pytest_memeval.builders import scene_memory
+
+    msgs = record["messages"]
+    chain = record["memory_chain"]
+    objects = dict(task.objects)
+    out = [msgs[0]]
+    for i in range(len(chain) + 1):
+        if rng.random() < p:
+            where, _ = scene_memory.final_state(objects, {}, chain[:i])
+            placed = [o for o in objects if where[o] != "held"]
+            obj = rng.choice(placed)
+            out.append({"role": "user", "content": f"where is {obj} ?"})
+            out.append({"role": "assistant", "content": where[obj]})
+        out.extend(msgs[1 + 2 * i : 3 + 2 * i])
+    assert len(out) >= len(msgs)
+    return {**record, "messages": out}
+
+
 def to_example(tok: Any, record: dict[str, Any]) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)``: loss only on assistant content and its end-of-turn token."""
     ids = encode(tok, record["messages"])
@@ -292,7 +332,7 @@ def make_base(tok: Any, args: argparse.Namespace) -> Any:
         max_position_embeddings=2048,
         rope_parameters={
             "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.5,
+            "partial_rotary_factor": args.rotary,
             "rope_type": "default",
         },
         bos_token_id=None,
@@ -317,7 +357,7 @@ def save_base(model: Any, tok: Any, out: Path) -> None:
         bos_token_id=None,
     )
     model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
+    save_tokenizer(tok, out)
 
 
 def save_adapter(model: Any, out: Path) -> None:
@@ -340,14 +380,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", type=Path, default=ROOT / "demo" / "data")
     ap.add_argument("--out", type=Path, default=ROOT / "demo" / "checkpoint")
-    ap.add_argument("--stage", choices=["all", "eval"], default="all")
+    ap.add_argument("--stage", choices=["all", "base", "adapter", "eval"], default="all")
+    ap.add_argument(
+        "--variant", choices=["baseline", "oracle"], default=None, help="adapter/eval stage only"
+    )
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--rotary", type=float, default=0.5, help="partial rotary factor")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--base-steps", type=int, default=300)
+    ap.add_argument("--base-steps", type=int, default=800)
     ap.add_argument("--base-lr", type=float, default=3e-3)
-    ap.add_argument("--adapter-steps", type=int, default=600)
+    ap.add_argument("--query-rate", type=float, default=0.3, help="base pretraining only")
+    ap.add_argument("--adapter-steps", type=int, default=800)
     ap.add_argument("--adapter-lr", type=float, default=3e-3)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
@@ -367,7 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     adapter_dir = args.out / "adapters"
     timings: dict[str, float] = {}
 
-    if args.stage == "all":
+    variants = [args.variant] if args.variant else ["baseline", "oracle"]
+    if args.stage in ("all", "base"):
         random.seed(args.seed)
         torch.manual_seed(args.seed)
         if base_dir.exists():
@@ -376,18 +422,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         tok = build_tokenizer(everything, base_dir)
         check_tokenizer(tok, data["baseline/val"] + data["oracle/val"])
         log(f"tokenizer: {len(tok)} tokens; prefix/stop/decode properties hold on val")
-        ex = {k: [to_example(tok, r) for r in v] for k, v in data.items() if k.endswith("train")}
-        lens = [len(x) for x, _ in ex["baseline/train"] + ex["oracle/train"]]
+        sys.path.insert(0, str(ROOT))
+        from pytest_memeval.builders import scene_memory
+
+        tasks = scene_memory.load_tasks(args.data / "tasks_train.jsonl")
+        qrng = random.Random(args.seed)
+        ex = [
+            to_example(tok, with_queries(r, t, qrng, args.query_rate))
+            for r, t in zip(data["baseline/train"], tasks, strict=True)
+            for _ in range(2)
+        ]
+        lens = [len(x) for x, _ in ex]
         log(f"train examples: mean {sum(lens) / len(lens):.0f} tokens, max {max(lens)}")
         model = make_base(tok, args)
         log(f"base: {sum(p.numel() for p in model.parameters())} parameters")
         timings["base"] = train_loop(
-            model, ex["baseline/train"], steps=args.base_steps, lr=args.base_lr,
+            model, ex, steps=args.base_steps, lr=args.base_lr,
             batch_size=args.batch, seed=args.seed, pad=tok.pad_token_id, name="base",
         )  # fmt: skip
         save_base(model, tok, base_dir)
-        for variant in ("baseline", "oracle"):
+    if args.stage in ("all", "adapter"):
+        tok = AutoTokenizer.from_pretrained(str(base_dir))
+        for variant in variants:
+            random.seed(args.seed + 1)
             torch.manual_seed(args.seed + 1)
+            ex = [to_example(tok, r) for r in data[f"{variant}/train"]]
             base = AutoModelForCausalLM.from_pretrained(str(base_dir), use_safetensors=True)
             lcfg = LoraConfig(
                 r=args.rank, lora_alpha=args.rank, lora_dropout=0.0,
@@ -395,11 +454,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )  # fmt: skip
             peft_model = get_peft_model(base, lcfg)
             timings[variant] = train_loop(
-                peft_model, ex[f"{variant}/train"], steps=args.adapter_steps, lr=args.adapter_lr,
+                peft_model, ex, steps=args.adapter_steps, lr=args.adapter_lr,
                 batch_size=args.batch, seed=args.seed + 2, pad=tok.pad_token_id, name=variant,
             )  # fmt: skip
             save_adapter(peft_model, adapter_dir / variant)
+    if timings:
         log("timings (s): " + json.dumps({k: round(v, 1) for k, v in timings.items()}))
+    if args.stage not in ("all", "eval"):
+        return 0
 
     tok = AutoTokenizer.from_pretrained(str(base_dir))
     results: dict[str, Any] = {}
@@ -407,12 +469,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         str(base_dir), use_safetensors=True, trust_remote_code=False
     )
     base.eval()
-    for variant in ("baseline", "oracle"):
+    for variant in variants if args.variant is None or args.variant == "oracle" else []:
         res = evaluate(base, tok, data[f"{variant}/val"])
         res.pop("per_record")
         results[f"base-only on {variant}/val"] = res
         log(f"base-only on {variant}/val: {json.dumps(res)}")
-    for variant in ("baseline", "oracle"):
+    for variant in variants:
         base = AutoModelForCausalLM.from_pretrained(str(base_dir), use_safetensors=True)
         model = PeftModel.from_pretrained(base, str(adapter_dir / variant))
         model.eval()
@@ -420,13 +482,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         res["generate_agrees"] = confirm_generate(
             model, tok, data[f"{variant}/val"], res.pop("per_record"), args.confirm
         )
-        res["train"] = evaluate(model, tok, data[f"{variant}/train"][:189])
+        res["train"] = evaluate(model, tok, data[f"{variant}/train"][:60])
         res["train"].pop("per_record")
         results[f"{variant} adapter on {variant}/val"] = res
         log(f"{variant} adapter on {variant}/val: {json.dumps(res)}")
     if timings:
         results["train_seconds"] = {k: round(v, 1) for k, v in timings.items()}
-    (args.out / "metrics.json").write_text(json.dumps(results, indent=1) + "\n")
+    suffix = f"-{args.variant}" if args.variant else ""
+    (args.out / f"metrics{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 

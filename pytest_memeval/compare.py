@@ -98,7 +98,9 @@ def _why_incomplete(metrics: Mapping[str, Any]) -> str:
         return f"{len(missing)} scenario(s) have no result: {_ids(missing)}"
     scope = metrics.get("scope") or {}
     if scope.get("shard"):
-        return f"it is shard {scope['shard']}; merge the shards first (memeval merge)"
+        shard = scope["shard"]
+        spec = shard.get("spec", shard) if isinstance(shard, dict) else shard
+        return f"it is shard {spec}; merge the shards first (memeval merge)"
     if scope.get("subset"):
         return (
             f"only {scope.get('evaluated')} of {scope.get('in_scope')} scenarios were selected "

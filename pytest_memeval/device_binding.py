@@ -49,6 +49,9 @@ __all__ = ["BINDER_NAME", "XdistDeviceBinder"]
 
 BINDER_NAME = "memeval-device-binder"
 
+#: A single bound process keeps where its device came from here (for the header).
+_SOURCE_KEY = pytest.StashKey[DeviceSource]()
+
 
 def _binding_requested(ns: Any) -> bool:
     return bool(getattr(ns, "memeval_ckpt", None) or getattr(ns, "memeval_gpus", None))
@@ -87,9 +90,6 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     early_config.stash[_SOURCE_KEY] = source
 
 
-_SOURCE_KEY = pytest.StashKey[DeviceSource]()
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """xdist worker: the first hook that sees ``workerinput``; make sure its device holds
@@ -106,6 +106,21 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 # -- controller -----------------------------------------------------------------------------
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` with binding on and GPUs present: one worker per GPU slot (GPUs x
+    ``--memeval-workers-per-gpu``), not one per CPU core."""
+    if not _binding_requested(config.option):
+        return None
+    try:
+        source = resolve_devices(config.getoption("memeval_gpus"), os.environ)
+    except DeviceError:
+        return None  # pytest_configure reports it
+    if source.on_cpu:
+        return None
+    return len(source.gpus) * max(1, int(config.getoption("memeval_workers_per_gpu")))
 
 
 def _worker_specs(config: pytest.Config) -> list[str]:

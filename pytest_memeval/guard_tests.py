@@ -111,7 +111,10 @@ class GuardVariant:
         if self._reference is None:
             assert self.spec.reference is not None
             try:
-                self._reference = read_reference(self.spec.reference)
+                path = self.spec.reference
+                root = self.spec.source.parent.resolve()
+                name = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+                self._reference = read_reference(path, name)
             except GuardError as exc:
                 raise GuardError(f"{exc} ({self.spec.where}, key 'reference')") from None
         return self._reference
@@ -127,9 +130,14 @@ class GuardVariant:
                 )
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(
-                str(directory), trust_remote_code=False, local_files_only=True
-            )
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(
+                    str(directory), trust_remote_code=False, local_files_only=True
+                )
+            except (OSError, ValueError) as exc:
+                raise GuardError(
+                    f"{self.spec.where}: cannot load the tokenizer in {directory}: {exc}"
+                ) from None
         return self._tokenizer
 
     def tokens(self, scenario: Scenario) -> PromptTokens:
@@ -205,6 +213,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "memeval_guard(kind): a pytest-memeval byte guard, parametrized over the "
         "[tool.memeval.guards.*] variants that enable it",
     )
+    if config.option.collectonly and hasattr(config.option, "disable_unused_snapshots"):
+        # syrupy 7 judges every snapshot unused when nothing runs: `--collect-only` exits 1,
+        # and `--collect-only --snapshot-update` deletes them all. Nothing can be used
+        # without running, so there is nothing to judge.
+        config.option.disable_unused_snapshots = True
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -278,7 +291,7 @@ def _check_snapshot(
     diff = assertion.get_assert_diff()
     if any("does not exist!" in line for line in diff):
         lines = [
-            f"{case.label}: {what} has no recorded snapshot; record it (and commit the file):",
+            f"{case.label}: no snapshot is recorded for {what}; record it (and commit the file):",
         ]
     else:
         lines = [

@@ -25,6 +25,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,8 @@ def _spec(name: str, raw: Any, path: Path) -> GuardSpec:
     snapshot = raw.get("snapshot", [])
     if not isinstance(snapshot, list) or not all(s in SNAPSHOT_KINDS for s in snapshot):
         raise GuardError(
-            f"{where}: 'snapshot' must be a list drawn from {list(SNAPSHOT_KINDS)}, got {snapshot!r}"
+            f"{where}: 'snapshot' must be a list drawn from {list(SNAPSHOT_KINDS)}, "
+            f"got {snapshot!r}"
         )
     prefix = raw.get("prefix", True)
     if not isinstance(prefix, bool):
@@ -244,7 +246,7 @@ def _locate(expected: Any, actual: Any) -> str:
         return f"field 'id' differs ({expected.get('id')!r} vs {actual.get('id')!r})"
     em, am = expected.get("messages"), actual.get("messages")
     if isinstance(em, list) and isinstance(am, list):
-        for i, (e, a) in enumerate(zip(em, am)):
+        for i, (e, a) in enumerate(zip(em, am, strict=False)):
             if e != a:
                 role = e.get("role") if isinstance(e, dict) else None
                 other = a.get("role") if isinstance(a, dict) else None
@@ -260,7 +262,7 @@ def _locate(expected: Any, actual: Any) -> str:
     ec, ac = expected.get("memory_chain"), actual.get("memory_chain")
     if ec != ac:
         if isinstance(ec, list) and isinstance(ac, list):
-            for i, (e, a) in enumerate(zip(ec, ac)):
+            for i, (e, a) in enumerate(zip(ec, ac, strict=False)):
                 if e != a:
                     return f"memory_chain[{i}] differs"
             return f"memory_chain length differs ({len(ec)} vs {len(ac)})"
@@ -309,6 +311,11 @@ class ReferenceFile:
     path: Path
     raw: bytes
     lines: tuple[ReferenceLine, ...]
+    #: how messages name the file (e.g. relative to the project root)
+    name: str = ""
+
+    def __str__(self) -> str:
+        return self.name or str(self.path)
 
     def by_id(self) -> dict[str, ReferenceLine]:
         out: dict[str, ReferenceLine] = {}
@@ -318,8 +325,11 @@ class ReferenceFile:
         return out
 
 
-def read_reference(path: Path) -> ReferenceFile:
-    """Read a training-format JSONL file as bytes; ``GuardError`` if it cannot be read."""
+def read_reference(path: Path, name: str = "") -> ReferenceFile:
+    """Read a training-format JSONL file as bytes; ``GuardError`` if it cannot be read.
+
+    ``name`` is how failure messages call the file (default: ``path``).
+    """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -343,7 +353,7 @@ def read_reference(path: Path) -> ReferenceFile:
             else:
                 error = "not a record with a string 'id'"
         lines.append(ReferenceLine(lineno, data, sid, error))
-    return ReferenceFile(path, raw, tuple(lines))
+    return ReferenceFile(path, raw, tuple(lines), name)
 
 
 def check_reference_line(
@@ -357,13 +367,13 @@ def check_reference_line(
     if ref is None:
         return (
             f"{variant} scenario {scenario_id!r}: built by the harness but absent from the "
-            f"reference {reference.path}"
+            f"reference {reference}"
         )
     if ref.data == built:
         return None
     head = (
         f"{variant} scenario {scenario_id!r}: the built record differs from the reference "
-        f"{reference.path}:{ref.lineno}"
+        f"{reference}:{ref.lineno}"
     )
     lines = describe_record_difference(
         ref.data, built, expected_label="reference", actual_label="built"
@@ -383,7 +393,7 @@ def check_reference_file(
     joined = b"".join(line for _, line in built)
     if joined == reference.raw:
         return None
-    path = reference.path
+    path = str(reference)
     problems: list[str] = []
     if reference.raw.startswith(codecs.BOM_UTF8):
         problems.append(f"{path}:1: starts with a UTF-8 byte-order mark; the build writes none")
@@ -413,7 +423,7 @@ def check_reference_file(
     ref_order = [i for i in dict.fromkeys(ref_ids) if i in common]
     built_order = [i for i in built_ids if i in common]
     if ref_order != built_order:
-        k = next(i for i, (a, b) in enumerate(zip(ref_order, built_order)) if a != b)
+        k = next(i for i, (a, b) in enumerate(zip(ref_order, built_order, strict=False)) if a != b)
         lineno = reference.by_id()[ref_order[k]].lineno
         problems.append(
             f"scenario order differs: {path}:{lineno} holds {ref_order[k]!r} where the build has "
@@ -460,7 +470,7 @@ def describe_order_difference(expected: Sequence[str], actual: Sequence[str]) ->
     exp = [i for i in expected if i in set(actual)]
     act = [i for i in actual if i in set(expected)]
     if exp != act:
-        k = next(i for i, (a, b) in enumerate(zip(exp, act)) if a != b)
+        k = next(i for i, (a, b) in enumerate(zip(exp, act, strict=False)) if a != b)
         lines.append(
             f"order differs at position {k + 1}: the snapshot has {exp[k]!r}, the build "
             f"{act[k]!r} (snapshot ...{_few(exp[k:k + 4])}; build ...{_few(act[k:k + 4])})"
@@ -492,7 +502,8 @@ def prompt_tokens(tokenizer: Any, scenario: Scenario) -> PromptTokens:
     prompts = tuple((p.message_index, p.ids) for p in turn_prompts(tokenizer, scenario))
     ids = sorted(set(conversation).union(*(set(p) for _, p in prompts)))
     tokens = tokenizer.convert_ids_to_tokens(ids)
-    return PromptTokens(scenario.id, conversation, prompts, dict(zip(ids, map(str, tokens))))
+    vocab = dict(zip(ids, map(str, tokens), strict=True))
+    return PromptTokens(scenario.id, conversation, prompts, vocab)
 
 
 def _tokens_window(ids: Sequence[int], vocab: Mapping[int, str], at: int, n: int = 6) -> str:
@@ -549,18 +560,18 @@ def check_prefix(
                 f"{at}: the tokenizer cannot encode a word of the data\n"
                 f"  {_tokens_window(ids, tokens.vocab, at)}"
             )
-    for (label_a, a), (label_b, b) in zip(steps, steps[1:]):
-        at = _not_prefix(a, b)
-        if at is None:
+    for (label_a, a), (label_b, b) in pairwise(steps):
+        pos = _not_prefix(a, b)
+        if pos is None:
             continue
-        got = f"{a[at]} {tokens.vocab.get(a[at], '?')!r}"
-        there = f"{b[at]} {tokens.vocab.get(b[at], '?')!r}" if at < len(b) else "its end"
+        got = f"{a[pos]} {tokens.vocab.get(a[pos], '?')!r}"
+        there = f"{b[pos]} {tokens.vocab.get(b[pos], '?')!r}" if pos < len(b) else "its end"
         return "\n".join(
             [
                 f"{variant} scenario {sid!r}: {label_a} is not a token prefix of {label_b}",
-                f"  first difference at token {at}: {got} vs {there}",
-                f"  {label_a}: {_tokens_window(a, tokens.vocab, at)}",
-                f"  {label_b}: {_tokens_window(b, tokens.vocab, at)}",
+                f"  first difference at token {pos}: {got} vs {there}",
+                f"  {label_a}: {_tokens_window(a, tokens.vocab, pos)}",
+                f"  {label_b}: {_tokens_window(b, tokens.vocab, pos)}",
             ]
         )
     return None
@@ -584,7 +595,8 @@ def serialize_tokens(tokens: PromptTokens, variant: str) -> bytes:
         f"conversation {len(conv)}: " + " ".join(map(str, conv)),
     ]
     for k, ids in tokens.prompts:
-        shared = next((i for i, (a, b) in enumerate(zip(ids, conv)) if a != b), min(len(ids), len(conv)))
+        shared = _not_prefix(ids, conv)
+        shared = len(ids) if shared is None else shared
         line = f"prompt messages[{k}] {shared}"
         if shared < len(ids):
             line += " + " + " ".join(map(str, ids[shared:]))
@@ -632,12 +644,16 @@ def parse_tokens(data: bytes) -> ParsedTokens:
     return ParsedTokens(conversation, prompts, vocab)
 
 
+def _snapshot_bytes_diff(snapshot: bytes, now: bytes) -> list[str]:
+    return describe_byte_difference(snapshot, now, expected_label="snapshot", actual_label="now")
+
+
 def describe_token_difference(snapshot: bytes, now: bytes) -> list[str]:
     """Lines describing how two serialised token snapshots differ, in token terms."""
     try:
         old, new = parse_tokens(snapshot), parse_tokens(now)
     except (ValueError, UnicodeDecodeError):
-        return describe_byte_difference(snapshot, now, expected_label="snapshot", actual_label="now")
+        return _snapshot_bytes_diff(snapshot, now)
     lines: list[str] = []
     at = _not_prefix(old.conversation, new.conversation)
     if at is None and len(new.conversation) > len(old.conversation):
@@ -683,7 +699,7 @@ def describe_token_difference(snapshot: bytes, now: bytes) -> list[str]:
             f"{old.vocab[i]!r}, now {new.vocab[i]!r}"
         )
     if not lines:
-        lines = describe_byte_difference(snapshot, now, expected_label="snapshot", actual_label="now")
+        lines = _snapshot_bytes_diff(snapshot, now)
     return lines
 
 

@@ -25,7 +25,15 @@ from typing import Any
 from .controller import _sha256_file
 from .metrics import METRICS_SCHEMA_VERSION, Tally
 from .recount import RecountError, compare_counts, recount_file, recount_run
-from .rundir import METRICS, PREDICTIONS, atomic_write, read_json, read_predictions, write_json
+from .rundir import (
+    JOURNAL,
+    METRICS,
+    PREDICTIONS,
+    atomic_write,
+    read_json,
+    read_predictions,
+    write_json,
+)
 
 __all__ = ["MergeError", "ShardRun", "cli_arguments", "cli_main", "load_shard", "merge_shards"]
 
@@ -72,7 +80,7 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
     if not (path / METRICS).is_file():
         hint = (
             " (its journal exists: the shard run did not finish; rerun it with --memeval-resume)"
-            if (path / "journal.jsonl").is_file()
+            if (path / JOURNAL).is_file()
             else ""
         )
         problems.append(f"{path}: no {METRICS}: not a finished run{hint}")
@@ -239,6 +247,10 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
             problems.append(
                 f"-o {out}: already holds a run that is not a merge; refusing to overwrite it"
             )
+    elif (out / JOURNAL).is_file():
+        problems.append(
+            f"-o {out}: holds the journal of an unfinished run; refusing to mix a merge into it"
+        )
     if problems:
         raise MergeError(problems)
 

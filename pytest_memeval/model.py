@@ -130,6 +130,9 @@ def load_model(
     check_model_dir(model_dir)
     if adapter_dir is not None:
         check_adapter_dir(adapter_dir)
+        from .checkpoint_checks import check_adapter_fits
+
+        check_adapter_fits(model_dir, adapter_dir)  # headers only: before any weight loads
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

@@ -149,7 +149,10 @@ def pytest_memeval_build_benchmark(
 
     try:
         return list(scene_memory.build(options, rootdir))
-    except (OSError, KeyError) as exc:
+    except BenchmarkError:
+        raise
+    except (OSError, KeyError, ValueError) as exc:
+        # The builder names the file and line; keep its message, tag the builder.
         raise BenchmarkError(f"builder 'scene_memory': {exc}") from None
 
 
@@ -181,6 +184,9 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
         check_model_dir(profile.model)
         if profile.adapter is not None:
             check_adapter_dir(profile.adapter)
+            from .checkpoint_checks import check_adapter_fits
+
+            check_adapter_fits(profile.model, profile.adapter)
     elif profile.predictions is not None and not profile.predictions.is_file():
         raise ProfileError(
             f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "
@@ -282,8 +288,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             indirect=True,
         )
         return
-    metafunc.definition.add_marker(pytest.mark.memeval_eval)
-    metafunc.parametrize("memeval_scenario", state.scope_ids, ids=state.scope_ids, indirect=True)
+    # The mark goes on each param: a mark added to the definition does not reach the items.
+    eval_mark = pytest.mark.memeval_eval
+    params = [pytest.param(sid, id=sid, marks=eval_mark) for sid in state.scope_ids]
+    metafunc.parametrize("memeval_scenario", params, indirect=True)
 
 
 def default_decoder(config: pytest.Config, profile: Profile, path: str, device: str) -> Decoder:

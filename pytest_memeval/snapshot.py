@@ -37,7 +37,7 @@ _MISSING = (
 )
 
 
-class ByteSnapshot(SingleFileSnapshotExtension):  # type: ignore[misc]
+class ByteSnapshot(SingleFileSnapshotExtension):
     """Bytes in, the same bytes on disk: binary mode, no normalisation, atomic writes."""
 
     _write_mode = WriteMode.BINARY
@@ -82,7 +82,9 @@ class ByteSnapshot(SingleFileSnapshotExtension):  # type: ignore[misc]
 
     def describe(self, snapshot: bytes, now: bytes) -> list[str]:
         """How ``now`` differs from the stored ``snapshot`` (override for a domain view)."""
-        return describe_byte_difference(snapshot, now, expected_label="snapshot", actual_label="now")
+        return describe_byte_difference(
+            snapshot, now, expected_label="snapshot", actual_label="now"
+        )
 
     def diff_lines(self, serialized_data: Any, snapshot_data: Any) -> Iterator[str]:
         if not isinstance(snapshot_data, bytes) or not snapshot_data:
@@ -104,7 +106,9 @@ class RecordSnapshot(ByteSnapshot):
     file_extension = "jsonl"
 
     def describe(self, snapshot: bytes, now: bytes) -> list[str]:
-        return describe_record_difference(snapshot, now, expected_label="snapshot", actual_label="now")
+        return describe_record_difference(
+            snapshot, now, expected_label="snapshot", actual_label="now"
+        )
 
 
 class OrderSnapshot(ByteSnapshot):

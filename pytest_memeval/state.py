@@ -31,8 +31,9 @@ class MemevalWorkerInput(TypedDict, total=False):
     """What the controller hands each worker in ``pytest_configure_node``."""
 
     memeval_benchmark_fingerprint: str
+    #: the worker's CUDA_VISIBLE_DEVICES value ("5", "MIG-...") or "cpu" (device_binding.py)
     memeval_device: str
-    memeval_torch_threads: int
+    memeval_torch_threads: int  # torch threads: the worker's share of the cores
     memeval_run_started: float
     #: --memeval-expect: the known-failure item names, read once on the controller (gate.py)
     memeval_known_failures: list[str]

@@ -16,7 +16,7 @@ import pytest
 from .benchmark import Scenario
 from .devices import device_label, worker_device
 from .scoring import score
-from .state import MemevalState, worker_id
+from .state import MemevalState, is_worker, worker_id
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -27,6 +27,9 @@ RECORD_KEY = pytest.StashKey[dict[str, Any]]()
 
 #: Most scenario records one process keeps at a time (see MemevalWorker._records).
 RECORD_CACHE_SIZE = 64
+
+#: Most scenarios handed to ``Decoder.prefetch`` at once (see MemevalWorker._prefetch).
+PREFETCH_SIZE = 16
 
 
 class MemevalWorker:
@@ -43,6 +46,10 @@ class MemevalWorker:
         self._pending: dict[str, int] = {}
         self.device = "unassigned"
         self.device_label = "unassigned"  # what records note, e.g. "cuda:0 (physical 5)"
+        self._items: list[pytest.Item] = []
+        self._run_order: list[str] | None = None  # scenario ids in run order (no xdist)
+        self._run_rank: dict[str, int] = {}
+        self._decode_share: dict[str, float] = {}  # prefetch seconds per prefetched scenario
 
     def decoder(self) -> Decoder:
         if self._decoder_error is not None:
@@ -71,6 +78,7 @@ class MemevalWorker:
         if cached is not None:
             return cached
         decoder = self.decoder()
+        self._prefetch(decoder, scenario)
         started = time.perf_counter()
         rollout = decoder.rollout(scenario)
         record = score(
@@ -79,12 +87,62 @@ class MemevalWorker:
             self.state.profile.parse,
             worker=worker_id(self.config),
             device=self.device_label,
-            decode_s=round(time.perf_counter() - started, 6),
+            decode_s=round(
+                time.perf_counter() - started + self._decode_share.pop(scenario.id, 0.0), 6
+            ),
         )
         self._records[scenario.id] = record
         while len(self._records) > RECORD_CACHE_SIZE:
             self._records.popitem(last=False)  # recomputed (deterministically) if needed again
         return record
+
+    def _prefetch(self, decoder: Decoder, scenario: Scenario) -> None:
+        """Let the decoder batch ``scenario`` with the scenarios this process runs next.
+
+        Only scenarios that certainly run here: without xdist the session's own item order;
+        under xdist the items the controller has already sent to this worker (with the
+        scenario scheduler, usually one or two scenarios). The prefetch time is split evenly
+        over the batch, so each record's ``decode_s`` still adds up to the decoding time.
+        """
+        if scenario.id in self._decode_share:
+            return
+        upcoming = [scenario.id]
+        for sid in self._upcoming(scenario.id):
+            if len(upcoming) >= PREFETCH_SIZE:
+                break
+            if sid not in upcoming and sid in self._pending and sid not in self._records:
+                upcoming.append(sid)
+        if len(upcoming) < 2:
+            return
+        by_id = self.state.scenarios
+        started = time.perf_counter()
+        try:
+            decoder.prefetch([by_id[sid] for sid in upcoming])
+        except Exception:
+            # A failing batch must not fail its neighbours: each scenario is then decoded on
+            # its own, and only one that fails there too loses its result (an error item).
+            self._decode_share.update(dict.fromkeys(upcoming, 0.0))
+            return
+        share = (time.perf_counter() - started) / len(upcoming)
+        self._decode_share.update(dict.fromkeys(upcoming, share))
+
+    def _upcoming(self, current: str) -> list[str]:
+        """Scenario ids of the items this process will run after ``current``'s, in order."""
+        if is_worker(self.config):
+            indices = _xdist_pending(self.config)
+            ids = (scenario_param(self._items[i]) for i in indices if 0 <= i < len(self._items))
+            return [sid for sid in ids if sid is not None]
+        if self._run_order is None:
+            self._run_rank = {}
+            for item in self._items:
+                sid = scenario_param(item)
+                if sid is not None:
+                    self._run_rank.setdefault(sid, len(self._run_rank))
+            self._run_order = list(self._run_rank)
+        rank = self._run_rank.get(current)
+        if rank is None:
+            return []
+        return self._run_order[rank + 1 : rank + 4 * PREFETCH_SIZE]
 
     def attach(self, item: pytest.Item, record: dict[str, Any]) -> None:
         item.stash[RECORD_KEY] = record
@@ -101,9 +159,20 @@ class MemevalWorker:
             # The session keeps every item to the end: do not let each one pin its record.
             del item.stash[RECORD_KEY]
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # On an xdist worker the report has been sent to the controller by now (xdist's own
+        # logreport runs before trylast ones); pytest keeps every report to the end of the
+        # session, so drop the record from it. (The controller does the same after
+        # journaling, see controller._ReleaseRecords.)
+        if is_worker(self.config) and hasattr(report, "memeval_record"):
+            del report.memeval_record
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Count this process's items per scenario (after any deselection)."""
         self._pending.clear()
+        self._items = session.items
+        self._run_order = None
         for item in session.items:
             sid = scenario_param(item)
             if sid is not None:
@@ -141,6 +210,26 @@ class MemevalWorker:
             # scenario in first-seen order; other items keep theirs.
             keyed.append((first_eval, rank * 1_000_000 + pos, item))
         items[:] = [item for _, _, item in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+def _xdist_pending(config: pytest.Config) -> list[int]:
+    """Indices (into ``session.items``) of the items xdist has queued on this worker.
+
+    xdist has no public API for this: read its worker loop's queue defensively, and return
+    nothing (no prefetch; results are unaffected) if it is not there.
+    """
+    for plugin in config.pluginmanager.get_plugins():
+        queue = getattr(plugin, "torun", None)
+        if queue is None or not hasattr(queue, "lock") or not hasattr(plugin, "nextitem_index"):
+            continue
+        try:
+            with queue.lock() as items:
+                pending = [i for i in items if isinstance(i, int)]
+        except Exception:  # a changed xdist internal: no prefetch, never a failure
+            return []
+        nxt = plugin.nextitem_index
+        return ([nxt] if isinstance(nxt, int) else []) + pending
+    return []
 
 
 def scenario_param(item: pytest.Item) -> str | None:

@@ -174,35 +174,35 @@ def test_unsafe_generation_settings_turn_the_fast_path_off(oracle_model: LoadedM
         model.generation_config = saved
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
-def test_plugin_runs_fast_and_reference_to_identical_predictions(
-    memeval_project: MemevalProject, xdist: list[str]
+def test_plugin_runs_predict_what_the_reference_path_predicts(
+    memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch, oracle_model: LoadedModel
 ) -> None:
-    """End to end, through the worker's prefetch: the default (fast) run predicts exactly
-    what ``--memeval-decode reference`` predicts, and its summary shows throughput."""
+    """End to end, through the worker's prefetch (serial: the session's item order; xdist:
+    each worker's queue): the default (fast) runs predict, turn for turn, what the reference
+    decoder predicts on the same scenarios, and their summaries show throughput."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # shared 2-core machines: no oversubscription
     memeval_project.write(variant="oracle", n=5)
-    preds = {}
-    for path in ("fast", "reference"):
-        out = memeval_project.path / "runs" / path
-        args = ["--ckpt", "demo", "--memeval-out", str(out), *xdist]
-        if path == "reference":
-            args += ["--memeval-decode", "reference"]
-        result = memeval_project.run(*args)
-        result.stdout.fnmatch_lines([f"throughput: * scenarios/s over * s (decode {path})"])
-        records = [
-            json.loads(line)
-            for line in (out / "predictions.jsonl").read_text("utf-8").splitlines()
-        ]
-        assert {r["decode"] for r in records} == {path}
-        preds[path] = [
-            {
-                "id": r["id"],
-                "final": (r["final_pred"], r["final_stopped"]),
-                "turns": [(t["pred"], t["stopped"]) for t in r["turns"]],
-            }
+    ref = ReferenceDecoder(oracle_model, MAX_NEW)
+    expected = [outputs(ref.rollout(s)) for s in scenarios("oracle", 5)]
+    for label, extra in {"serial": [], "xdist": ["-n", "2"]}.items():
+        out = memeval_project.path / "runs" / label
+        result = memeval_project.run("--ckpt", "demo", "--memeval-out", str(out), *extra)
+        result.stdout.fnmatch_lines(["throughput: * scenarios/s over * s (decode fast)"])
+        text = (out / "predictions.jsonl").read_text("utf-8")
+        records = [json.loads(line) for line in text.splitlines()]
+        assert {r["decode"] for r in records} == {"fast"}
+        got = [
+            [(t["pred"], t["stopped"]) for t in r["turns"]]
+            + [(r["final_pred"], r["final_stopped"])]
             for r in records
         ]
-    assert preds["fast"] == preds["reference"]
+        diffs = [
+            (r["id"], t, g, e)
+            for r, gs, es in zip(records, got, expected, strict=True)
+            for t, (g, e) in enumerate(zip(gs, es, strict=True))
+            if g != e
+        ]
+        assert len(got) == len(expected) and not diffs, f"{label} run differs: {diffs[:5]}"
 
 
 def test_prefetch_ignores_duplicates_and_known_scenarios(oracle_model: LoadedModel) -> None:
@@ -221,4 +221,3 @@ def test_prefetch_ignores_duplicates_and_known_scenarios(oracle_model: LoadedMod
 def test_rejects_bad_batch_settings(oracle_model: LoadedModel) -> None:
     with pytest.raises(ValueError, match="batch_size"):
         FastDecoder(oracle_model, MAX_NEW, batch_size=0)
-

@@ -17,7 +17,7 @@ from pytest_memeval.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.recount import recount_run
 from pytest_memeval.sharding import shard_scope, shard_slice
 
-from .conftest import MemevalProject, demo_records
+from .conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
 from .runfactory import make_record
 
 PLACEMENT = ("worker", "device", "decode_s")
@@ -47,12 +47,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def write_shard(
-    run_dir: Path, all_ids: list[str], k: int, n: int, *, fingerprints: dict[str, str] = FINGERPRINTS
+    run_dir: Path,
+    all_ids: list[str],
+    k: int,
+    n: int,
+    *,
+    fingerprints: dict[str, str] = FINGERPRINTS,
 ) -> Path:
     """A finished shard run of ``k``/``n`` as the controller writes it."""
     start = all_ids.index(shard_slice(all_ids, k, n)[0])
     records = [
-        make_record(sid, start + i, final_match=(start + i) % 3 != 0, turn_matches=[True, i % 2 == 0])
+        make_record(
+            sid, start + i, final_match=(start + i) % 3 != 0, turn_matches=[True, i % 2 == 0]
+        )
         for i, sid in enumerate(shard_slice(all_ids, k, n))
     ]
     run_dir.mkdir(parents=True)
@@ -228,9 +235,24 @@ def test_merge_does_not_overwrite_a_run_that_is_not_a_merge(
     assert sorted(os.listdir(out)) == ["metrics.json"]
     assert merge(*shards, "-o", shards[0]) == 1
     assert "is one of the shard runs" in capsys.readouterr().err
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    (crashed / "journal.jsonl").write_text("", "utf-8")
+    assert merge(*shards, "-o", crashed) == 1
+    assert "holds the journal of an unfinished run" in capsys.readouterr().err
+    assert sorted(os.listdir(crashed)) == ["journal.jsonl"]
 
 
 # -- end to end: the demo checkpoint, unsharded and as 2 shards --------------------------------
+
+
+FROZEN_PROFILE = """
+[tool.memeval.ckpt.frozen]
+model = "ckpt/base"
+adapter = "ckpt/adapter"
+benchmark = "bench.jsonl"
+generation = { max_new_tokens = 16 }
+"""
 
 
 def test_merged_shards_equal_the_unsharded_run(
@@ -240,26 +262,34 @@ def test_merged_shards_equal_the_unsharded_run(
     # The five shortest of the first 40 demo scenarios, in benchmark order: cheap to decode.
     pool = demo_records("oracle", 40)
     short = sorted(sorted(pool, key=lambda r: len(r["messages"]))[:5], key=pool.index)
-    memeval_project.write(short)
+    # A private copy of the checkpoint: all three runs must see the same weights, even while
+    # the demo is being retrained (merge would rightly refuse shards of different adapters).
+    ckpt = memeval_project.path / "ckpt"
+    shutil.copytree(BASE_MODEL, ckpt / "base")
+    shutil.copytree(ADAPTERS / "oracle", ckpt / "adapter")
+    memeval_project.write(short, profiles=FROZEN_PROFILE)
     ok = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)  # failures are the model's answers
-    full = memeval_project.run("--ckpt", "demo")
+    full = memeval_project.run("--ckpt", "frozen")
     assert full.ret in ok, full.stdout.str()
     # Shard 1 (3 scenarios) on two CPU workers, shard 2 (2 scenarios) in one process.
-    one = memeval_project.run("--ckpt", "demo", "--memeval-shard", "1/2", "-n", "2",
-                              "--memeval-gpus", "cpu")
+    one = memeval_project.run(
+        "--ckpt", "frozen", "--memeval-shard", "1/2", "-n", "2", "--memeval-gpus", "cpu"
+    )
     assert one.ret in ok, one.stdout.str()
-    two = memeval_project.run("--ckpt", "demo", "--memeval-shard", "2/2")
+    two = memeval_project.run("--ckpt", "frozen", "--memeval-shard", "2/2")
     assert two.ret in ok, two.stdout.str()
 
-    runs = memeval_project.run_dir()
+    runs = memeval_project.run_dir("frozen")
     threads = max(1, len(os.sched_getaffinity(0)) // 2)
     cpu = f"cpu ({threads} thread{'s' if threads > 1 else ''})"
-    one.stdout.fnmatch_lines([
-        "memeval: shard 1/2: scenarios 1-3 of 5 *",
-        f"memeval: workers on the CPU (--memeval-gpus cpu), {threads} torch thread(s) each *",
-        f"memeval: workers: gw0 -> {cpu}, gw1 -> {cpu}",
-        "ckpt demo: 3 scenarios (shard 1/2 complete; merge all shards with memeval merge)",
-    ])
+    one.stdout.fnmatch_lines(
+        [
+            "memeval: shard 1/2: scenarios 1-3 of 5 *",
+            f"memeval: workers on the CPU (--memeval-gpus cpu), {threads} torch thread(s) each *",
+            f"memeval: workers: gw0 -> {cpu}, gw1 -> {cpu}",
+            "ckpt frozen: 3 scenarios (shard 1/2 complete; merge all shards with memeval merge)",
+        ]
+    )
     shard_records = read_jsonl(runs / "shard-1-of-2" / "predictions.jsonl")
     # Each record notes where it ran; torch in each worker really uses its share of the cores.
     assert {r["device"] for r in shard_records} == {cpu}

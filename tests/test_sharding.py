@@ -15,6 +15,8 @@ from pytest_memeval.sharding import (
     shard_slice,
 )
 
+from .conftest import MemevalProject
+
 
 def _check_partition(n: int, shards: int) -> None:
     items = [f"s{i:04d}" for i in range(n)]
@@ -93,9 +95,27 @@ def test_shard_scope_says_what_it_covers() -> None:
     }
 
 
-def test_bad_shard_option_is_a_usage_error(memeval_project) -> None:  # type: ignore[no-untyped-def]
-    memeval_project.write(n=3)
-    result = memeval_project.run("--ckpt", "demo", "--memeval-shard", "4/4")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--memeval-shard 4/4*3 scenario(s)*would be empty*"])
-    assert not memeval_project.run_dir().exists()
+def test_bad_shard_option_is_a_usage_error(memeval_project: MemevalProject) -> None:
+    # A replay profile: refusing the shard needs the benchmark, not a model.
+    memeval_project.write(n=3, profiles=REPLAY)
+    (memeval_project.path / "preds.jsonl").write_text("", "utf-8")
+    for shard, message in [
+        (
+            "4/4",
+            "*--memeval-shard 4/4: the benchmark has 3 scenario(s), so shard 4 of 4 would be "
+            "empty; use at most 3 shards*",
+        ),
+        ("0/3", "*--memeval-shard 0/3: shards are numbered from 1, so K must be in 1..3*"),
+    ]:
+        result = memeval_project.run("--ckpt", "fixed", "--memeval-shard", shard)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([message])
+    assert not (memeval_project.path / "runs").exists()
+
+
+REPLAY = """
+[tool.memeval.ckpt.fixed]
+kind = "replay"
+predictions = "preds.jsonl"
+benchmark = "bench.jsonl"
+"""

@@ -19,12 +19,9 @@ def make_model_decoder(path: str, loaded: object, max_new_tokens: int) -> Decode
 
     assert isinstance(loaded, LoadedModel)
     if path == "fast":
-        try:
-            from .fast import FastDecoder
-        except ImportError:  # the fast path is optional until it lands
-            pass
-        else:
-            return FastDecoder(loaded, max_new_tokens)
+        from .fast import FastDecoder
+
+        return FastDecoder(loaded, max_new_tokens)
     from .reference import ReferenceDecoder
 
     return ReferenceDecoder(loaded, max_new_tokens)

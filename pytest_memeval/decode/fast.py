@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections import Counter
+import time
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,19 +40,31 @@ from ..prompts import TurnPrompt, conversation_ids, turn_prompts
 from ._types import Rollout, TurnOutput
 from .reference import decode_new_tokens, generate_from, prompt_tail
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MAX_BATCH_TOKENS", "FastDecoder", "default_margin"]
+__all__ = [
+    "DEFAULT_ACCELERATOR_BATCH_SIZE",
+    "DEFAULT_BATCH_SIZES",
+    "DEFAULT_MAX_BATCH_TOKENS",
+    "FastDecoder",
+    "default_margin",
+]
 
-#: Scenarios per forward pass (an upper bound; :data:`DEFAULT_MAX_BATCH_TOKENS` also applies).
-DEFAULT_BATCH_SIZE = 16
+#: Scenarios per forward pass (an upper bound; :data:`DEFAULT_MAX_BATCH_TOKENS` also applies),
+#: by device kind. On CPU, eager attention over a wide padded batch costs more than batching
+#: saves (measured on the demo model: 4 beats 1, 8 and 16); accelerators want wide batches.
+DEFAULT_BATCH_SIZES: dict[str, int] = {"cpu": 4}
+DEFAULT_ACCELERATOR_BATCH_SIZE = 16
+#: Rows per batched ``generate`` call, as a multiple of the batch size.
+GENERATE_ROWS_FACTOR = 4
 #: Padded tokens per forward pass (batch rows x longest row), bounding activation memory.
 DEFAULT_MAX_BATCH_TOKENS = 32768
 
 #: Top-1/top-2 logit margins (fp32 units) below which a greedy decision is not trusted, by
-#: model dtype. Batched-vs-single and cached-vs-prefilled logits differ by rounding only: about
-#: 1e-6 in fp32 on the demo model, a few units in the last place in 16-bit (1/128 of the logit
-#: magnitude in bfloat16). The bounds are orders of magnitude above those differences; a larger
-#: bound only makes the decoder generate more turns, never less exact.
-MARGINS: dict[str, float] = {"float32": 1e-3, "float64": 1e-6, "float16": 0.25, "bfloat16": 1.0}
+#: model dtype. Batched-vs-single and cached-vs-prefilled logits differ by rounding only: at
+#: most 1e-5 in fp32 on the demo model (logits up to 15), a few units in the last place in
+#: 16-bit (an ulp is 1/128 of the logit's magnitude in bfloat16, 1/1024 in float16). The
+#: bounds sit far above those differences (1000x in fp32, ~8-16 ulps at |logit| 16-32 in
+#: 16-bit); a larger bound only makes the decoder generate more turns, never less exact.
+MARGINS: dict[str, float] = {"float32": 1e-2, "float64": 1e-6, "float16": 0.25, "bfloat16": 1.0}
 
 #: Generation settings that make ``generate`` change logits (or stop) in greedy mode, with the
 #: values that leave greedy decisions alone. Any other value: the fast argument does not hold.
@@ -128,10 +141,13 @@ class FastDecoder:
         loaded: LoadedModel,
         max_new_tokens: int,
         *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         margin: float | None = None,
     ) -> None:
+        if batch_size is None:
+            kind = str(loaded.device).split(":")[0]
+            batch_size = DEFAULT_BATCH_SIZES.get(kind, DEFAULT_ACCELERATOR_BATCH_SIZE)
         if batch_size < 1 or max_batch_tokens < 1 or max_new_tokens < 1:
             raise ValueError("batch_size, max_batch_tokens and max_new_tokens must be >= 1")
         self.loaded = loaded
@@ -140,9 +156,15 @@ class FastDecoder:
         self.max_batch_tokens = max_batch_tokens
         self.margin = default_margin(loaded.dtype) if margin is None else float(margin)
         self.stats: Counter[str] = Counter()
+        #: seconds spent building prompts, in forward passes and in ``generate``
+        self.seconds: dict[str, float] = defaultdict(float)
         self._ready: dict[str, Rollout] = {}
         self._stop = frozenset(loaded.stop_ids)
-        base = loaded.model.get_base_model() if hasattr(loaded.model, "get_base_model") else loaded.model
+        base = (
+            loaded.model.get_base_model()
+            if hasattr(loaded.model, "get_base_model")
+            else loaded.model
+        )
         params = inspect.signature(base.forward).parameters
         # transformers 5 renamed ``past_key_values`` to ``cache``; support both spellings.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -174,16 +196,18 @@ class FastDecoder:
         plans: list[tuple[int, _Plan]] = []
         for pos, scenario in enumerate(scenarios):
             self.stats["scenarios"] += 1
-            plan, reason = self._plan(scenario)
+            plan, prompts, reason = self._plan(scenario)
             if plan is None:
-                results[pos] = self._reference_rollout(scenario, reason)
+                results[pos] = self._reference_rollout(prompts, reason)
             else:
                 plans.append((pos, plan))
         # Longest first: the first batch fixes the largest activation size, so running out of
         # memory shows at once; similar lengths share batches, so little padding is computed.
         plans.sort(key=lambda p: -len(p[1].full))
         for batch in self._batches(plans):
-            for (pos, _), rollout in zip(batch, self._decode_batch([p for _, p in batch]), strict=True):
+            for (pos, _), rollout in zip(
+                batch, self._decode_batch([p for _, p in batch]), strict=True
+            ):
                 results[pos] = rollout
         return [results[i] for i in range(len(scenarios))]
 
@@ -192,32 +216,46 @@ class FastDecoder:
         for item in plans:
             # Sorted longest first, so the batch's first row sets its padded width.
             width = len(batch[0][1].full) if batch else len(item[1].full)
-            if batch and (len(batch) >= self.batch_size or (len(batch) + 1) * width > self.max_batch_tokens):
+            if batch and (
+                len(batch) >= self.batch_size or (len(batch) + 1) * width > self.max_batch_tokens
+            ):
                 yield batch
                 batch = []
             batch.append(item)
         if batch:
             yield batch
 
-    def _plan(self, scenario: Scenario) -> tuple[_Plan | None, str]:
+    def _plan(self, scenario: Scenario) -> tuple[_Plan | None, list[TurnPrompt], str]:
+        """The scenario's teacher-forced plan, or ``None`` and why the fast path cannot hold."""
         tokenizer = self.loaded.tokenizer
+        started = time.perf_counter()
         prompts = turn_prompts(tokenizer, scenario)
-        if self._unsafe:
-            return None, (
-                "fast path off: generation settings change greedy decisions ("
-                + ", ".join(self._unsafe)
-                + "); decoded with the reference path"
-            )
         full = conversation_ids(tokenizer, scenario)
+        self.seconds["prompts"] += time.perf_counter() - started
+        if self._unsafe:
+            return (
+                None,
+                prompts,
+                (
+                    "fast path off: generation settings change greedy decisions ("
+                    + ", ".join(self._unsafe)
+                    + "); decoded with the reference path"
+                ),
+            )
         for n, prompt in enumerate(prompts):
             if tuple(full[: len(prompt.ids)]) != prompt.ids:
-                return None, (
-                    f"fast path off: the prompt of assistant message {n + 1} (messages[{prompt.message_index}]) "
-                    "is not a token prefix of the whole conversation (the chat template renders "
-                    "history differently from a generation prompt); decoded with the reference path"
+                return (
+                    None,
+                    prompts,
+                    (
+                        f"fast path off: the prompt of assistant message {n + 1} "
+                        f"(messages[{prompt.message_index}]) is not a token prefix of the "
+                        "whole conversation (the chat template renders history differently "
+                        "from a generation prompt); decoded with the reference path"
+                    ),
                 )
         turns = [self._expected(full, prompt) for prompt in prompts]
-        return _Plan(scenario, full, turns), ""
+        return _Plan(scenario, full, turns), prompts, ""
 
     def _expected(self, full: list[int], prompt: TurnPrompt) -> _Turn:
         """The tokens greedy decoding must produce at this turn to reproduce the truth."""
@@ -233,15 +271,18 @@ class FastDecoder:
         # truth, runs into the limit (stopped=False) with these tokens.
         return _Turn(prompt, tuple(full[start : start + self.max_new_tokens]), ends_with_stop=False)
 
-    def _reference_rollout(self, scenario: Scenario, note: str) -> Rollout:
+    def _reference_rollout(self, prompts: list[TurnPrompt], note: str) -> Rollout:
+        """Exactly what :class:`~.reference.ReferenceDecoder` does, plus ``note``."""
         self.stats["reference_scenarios"] += 1
-        prompts = turn_prompts(self.loaded.tokenizer, scenario)
+        started = time.perf_counter()
         outputs = []
         for p in prompts:
             self.stats["turns"] += 1
             self.stats["generated"] += 1
             outputs.append(generate_from(self.loaded, p.ids, self.max_new_tokens))
-        return Rollout(tuple(outputs), self.path, prompt_tail(self.loaded, prompts[-1].ids), (note,))
+        self.seconds["generate"] += time.perf_counter() - started
+        tail = prompt_tail(self.loaded, prompts[-1].ids)
+        return Rollout(tuple(outputs), self.path, tail, (note,))
 
     def _decode_batch(self, plans: list[_Plan]) -> list[Rollout]:
         import torch
@@ -255,23 +296,31 @@ class FastDecoder:
             mask[row, : len(plan.full)] = 1
         # Positions whose logits are checked: the one before each expected token.
         needed = sorted(
-            {len(t.prompt.ids) - 1 + j for p in plans for t in p.turns for j in range(len(t.expected))}
+            {
+                len(t.prompt.ids) - 1 + j
+                for p in plans
+                for t in p.turns
+                for j in range(len(t.expected))
+            }
         )
         kwargs: dict[str, Any] = {"attention_mask": mask.to(device), "use_cache": True}
         if self._position_ids:
-            # Right padding: every real token sits at its own index, as in the single-row
-            # prompt of the reference path.
-            kwargs["position_ids"] = torch.arange(width).unsqueeze(0).expand(len(plans), -1).to(device)
+            # What ``generate`` passes (positions from the mask): with right padding every
+            # real token gets its own index, exactly as in the reference path's prefill.
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+            kwargs["position_ids"] = positions.to(device)
         column = {pos: pos for pos in needed}
         if self._logits_to_keep and needed:
             kwargs["logits_to_keep"] = torch.tensor(needed, dtype=torch.long, device=device)
             column = {pos: i for i, pos in enumerate(needed)}
+        started = time.perf_counter()
         with torch.inference_mode():
             out = self.loaded.model(input_ids=ids.to(device), **kwargs)
             # Margins and argmax in fp32, as ``generate`` upcasts its next-token logits.
             top = out.logits.float().topk(2, dim=-1)
             best = top.indices[..., 0].cpu()
             margin = (top.values[..., 0] - top.values[..., 1]).cpu()
+        self.seconds["forward"] += time.perf_counter() - started
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         del out
         outputs: list[list[TurnOutput | None]] = []
@@ -284,7 +333,9 @@ class FastDecoder:
                 if decided is None:
                     pending.append((row, n, turn))
                 outputs[row].append(decided)
-        for (row, n, _), generated in zip(pending, self._generate_many(pending, cache), strict=True):
+        for (row, n, _), generated in zip(
+            pending, self._generate_many(pending, cache), strict=True
+        ):
             outputs[row][n] = generated
         del cache
         rollouts = []
@@ -322,28 +373,38 @@ class FastDecoder:
     def _generate_many(self, pending: list[tuple[int, int, _Turn]], cache: Any) -> list[TurnOutput]:
         """Greedy ``generate`` for these turns, batched, from their prefixes' cached keys/values."""
         self.stats["generated"] += len(pending)
+        started = time.perf_counter()
         results: dict[int, TurnOutput] = {}
+        # Longest prompt first, in chunks bounded like the forward batches (rows x width).
         order = sorted(range(len(pending)), key=lambda i: -len(pending[i][2].prompt.ids))
-        chunk: list[int] = []
-        for i in [*order, None]:
-            if i is not None:
-                width = len(pending[chunk[0] if chunk else i][2].prompt.ids)
-                fits = len(chunk) < 4 * self.batch_size and (len(chunk) + 1) * width <= self.max_batch_tokens
-                if not chunk or fits:
-                    chunk.append(i)
-                    continue
-            if chunk:
-                rows = [(pending[k][0], pending[k][2]) for k in chunk]
-                for k, out in zip(chunk, self._generate_chunk(rows, cache), strict=True):
-                    results[k] = out
-            chunk = [] if i is None else [i]
+        chunks: list[list[int]] = []
+        for i in order:
+            chunk = chunks[-1] if chunks else []
+            width = len(pending[chunk[0]][2].prompt.ids) if chunk else 0
+            # A generate step feeds one token per row: rows are cheap, calls are not.
+            rows_cap = GENERATE_ROWS_FACTOR * self.batch_size
+            if (
+                chunk
+                and len(chunk) < rows_cap
+                and (len(chunk) + 1) * width <= self.max_batch_tokens
+            ):
+                chunk.append(i)
+            else:
+                chunks.append([i])
+        for chunk in chunks:
+            rows = [(pending[k][0], pending[k][2]) for k in chunk]
+            for k, out in zip(chunk, self._generate_chunk(rows, cache), strict=True):
+                results[k] = out
+        self.seconds["generate"] += time.perf_counter() - started
         return [results[k] for k in range(len(pending))]
 
     def _generate_chunk(self, rows: list[tuple[int, _Turn]], cache: Any) -> list[TurnOutput]:
         import torch
 
         prompts = [turn.prompt.ids for _, turn in rows]
-        prefix = _left_padded_cache(cache, [(row, len(ids) - 1) for (row, _), ids in zip(rows, prompts, strict=True)])
+        prefix = _left_padded_cache(
+            cache, [(row, len(ids) - 1) for (row, _), ids in zip(rows, prompts, strict=True)]
+        )
         if prefix is None:
             self.stats["generated_without_cache"] += len(rows)
             return [generate_from(self.loaded, ids, self.max_new_tokens) for ids in prompts]
