@@ -210,7 +210,7 @@ def test_interrupt_then_resume(
     _assert_equals_clean(memeval_project, clean_run)
 
     # A resume of a finished run has nothing left to do, and says so with success.
-    done = memeval_project.pytester.runpytest("--ckpt", "demo", "--memeval-resume")
+    done = memeval_project.run("--ckpt", "demo", "--memeval-resume")
     assert done.ret == 0, done.stdout.str()
     done.stdout.fnmatch_lines(
         [f"*resumed: {N} scenario(s) taken from the journal, 0 evaluated now"]
@@ -220,7 +220,7 @@ def test_interrupt_then_resume(
     # Changed decoding settings: the journal is refused, naming the difference.
     toml = memeval_project.path / "pyproject.toml"
     toml.write_text(toml.read_text("utf-8").replace("max_new_tokens = 16", "max_new_tokens = 9", 1))
-    refused = memeval_project.pytester.runpytest("--ckpt", "demo", "--memeval-resume")
+    refused = memeval_project.run("--ckpt", "demo", "--memeval-resume")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(
         [

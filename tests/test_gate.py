@@ -211,7 +211,7 @@ def test_thresholds_and_baseline(
         "--memeval-min-m1",
         "50%",
         "--memeval-min-m2",
-        "0.99",
+        "0.9",  # one wrong turn out of the 4 scenarios' dozens stays above 90%
         # "=": pytest reads paths among the arguments before it knows plugin options, so a
         # separate path argument would move the rootdir (documented in compare-and-gate.md)
         f"--memeval-baseline={ref}",
@@ -223,7 +223,7 @@ def test_thresholds_and_baseline(
     result.stdout.fnmatch_lines(
         [
             "PASS  m1 >= 50.00%: 75.00% (3/4), 25.00 pp above the threshold",
-            f"PASS  m2 >= 99.00%: *({m2['correct']}/{m2['total']})*above the threshold",
+            f"PASS  m2 >= 90.00%: *({m2['correct']}/{m2['total']})*above the threshold",
             f"FAIL  m1 drop vs baseline <= 10.00 pp: 75.00% vs 100.00% in {ref}: dropped 25.00 pp, "
             "15.00 pp over the limit",
             "gate FAILED: exit status 1",
