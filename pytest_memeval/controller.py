@@ -9,16 +9,13 @@ independently, and only then is ``metrics.json`` written.
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .metrics import METRICS_SCHEMA_VERSION, Tally
+from .metrics import Tally, metrics_document
 from .recount import compare_counts, recount_file
 from .resume import ResumeError, ResumePoint, ResumeSelection, journal_header, resume_point
 from .rundir import (
@@ -28,20 +25,13 @@ from .rundir import (
     PREDICTIONS,
     Journal,
     atomic_write,
+    sha256_file,
     write_json,
 )
 from .sharding import shard_scope
 from .state import MemevalState
 
 __all__ = ["MemevalController"]
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
 
 
 class MemevalController:
@@ -152,19 +142,21 @@ class MemevalController:
         counts = tally.counts()
         disagreements = compare_counts(counts, recounted)
         if disagreements:
-            self.problems.append("recount disagrees with the aggregate: " + "; ".join(disagreements))
+            self.problems.append(
+                "recount disagrees with the aggregate: " + "; ".join(disagreements)
+            )
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
             return
         # A shard is never "complete": its metrics cover a slice, not the benchmark (compare
         # and the gate refuse it); `memeval merge` makes the complete run from all shards.
         complete = not missing_selected and not not_selected and self.state.shard is None
-        metrics: dict[str, Any] = {
-            "schema_version": METRICS_SCHEMA_VERSION,
-            "ckpt": self.state.profile.name,
-            "kind": self.state.profile.kind,
-            "complete": complete,
-            **counts,
-            "scope": {
+        profile = self.state.profile
+        metrics = metrics_document(
+            tally,
+            ckpt=profile.name,
+            kind=profile.kind,
+            complete=complete,
+            scope={
                 "benchmark_total": len(self.state.benchmark.scenarios),
                 "in_scope": len(scope),
                 "selected": len(scope) - len(not_selected),
@@ -173,25 +165,20 @@ class MemevalController:
                 "shard": shard_scope(self.state.benchmark.ids, self.state.shard),
                 "resumed": len(self.resumed.offsets) if self.resumed is not None else 0,
             },
-            "missing": missing_selected,
-            "not_selected": not_selected,
-            "m2_by_position": {
-                str(k): {"correct": v[0], "total": v[1]} for k, v in sorted(tally.by_position.items())
-            },
-            "generated_turns": tally.generated_turns,
-            "fingerprints": dict(self.state.fingerprints),
-            "decoding": {
-                **(self.state.profile.generation.as_dict() if self.state.profile.kind == "model" else {}),
+            missing=missing_selected,
+            not_selected=not_selected,
+            fingerprints=self.state.fingerprints,
+            decoding={
+                **(profile.generation.as_dict() if profile.kind == "model" else {}),
                 "path": self.state.decode_path,
             },
-            "benchmark": {"source": self.state.benchmark.source},
-            "predictions_sha256": _sha256_file(predictions),
-            "timing": {
+            benchmark={"source": self.state.benchmark.source},
+            predictions_sha256=sha256_file(predictions),
+            timing={
                 "wall_s": round(wall, 3),
                 "scenarios_per_s": round(len(done) / wall, 3) if wall > 0 else None,
             },
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
+        )
         write_json(self.run_dir / METRICS, metrics)
         self.metrics = metrics
         self.config.hook.pytest_memeval_run_written(
@@ -285,8 +272,8 @@ def format_summary(m: dict[str, Any]) -> str:
     timing = m.get("timing") or {}
     if timing.get("scenarios_per_s") is not None:
         lines.append(
-            f"throughput: {timing['scenarios_per_s']:.2f} scenarios/s over {timing['wall_s']:.1f} s "
-            f"(decode {m['decoding'].get('path')})"
+            f"throughput: {timing['scenarios_per_s']:.2f} scenarios/s "
+            f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')})"
         )
     return "\n".join(lines)
 

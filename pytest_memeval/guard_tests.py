@@ -188,7 +188,7 @@ def _load_variant(config: pytest.Config, spec: GuardSpec) -> GuardVariant:
     if spec.needs_tokenizer and tokenizer_dir is None:
         raise GuardError(
             f"{spec.where}: profile {spec.profile!r} has no model directory; set 'tokenizer' "
-            "(or prefix = false and no \"tokens\" snapshot)"
+            '(or prefix = false and no "tokens" snapshot)'
         )
     lines = {s.id: dump_record(s.to_record()).encode("utf-8") for s in benchmark.scenarios}
     return GuardVariant(spec, benchmark, lines, tokenizer_dir)

@@ -123,7 +123,7 @@ def load_guard_specs(path: Path) -> list[GuardSpec]:
 def _spec(name: str, raw: Any, path: Path) -> GuardSpec:
     where = f"{path}: [tool.memeval.guards.{name}]"
     if not isinstance(raw, dict):
-        raise GuardError(f"{where} must be a table (e.g. profile = \"{name}\")")
+        raise GuardError(f'{where} must be a table (e.g. profile = "{name}")')
     unknown = set(raw) - _GUARD_KEYS
     if unknown:
         raise GuardError(
@@ -287,10 +287,16 @@ def describe_record_difference(
         located = _locate(json.loads(expected), json.loads(actual))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         located = f"a line is not valid JSON ({exc})"
-    return [located, *describe_byte_difference(
-        expected, actual, expected_label=expected_label, actual_label=actual_label,
-        unit="the line",
-    )]
+    return [
+        located,
+        *describe_byte_difference(
+            expected,
+            actual,
+            expected_label=expected_label,
+            actual_label=actual_label,
+            unit="the line",
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- reference
@@ -427,13 +433,11 @@ def check_reference_file(
         lineno = reference.by_id()[ref_order[k]].lineno
         problems.append(
             f"scenario order differs: {path}:{lineno} holds {ref_order[k]!r} where the build has "
-            f"{built_order[k]!r} (reference order ...{_few(ref_order[k:k + 4])}; build order "
-            f"...{_few(built_order[k:k + 4])})"
+            f"{built_order[k]!r} (reference order ...{_few(ref_order[k : k + 4])}; build order "
+            f"...{_few(built_order[k : k + 4])})"
         )
     by_id = reference.by_id()
-    differing = [
-        (sid, data) for sid, data in built if sid in by_id and by_id[sid].data != data
-    ]
+    differing = [(sid, data) for sid, data in built if sid in by_id and by_id[sid].data != data]
     if differing:
         ids = [sid for sid, _ in differing]
         problems.append(f"{len(differing)} scenario(s) differ byte-wise: {_few(ids)}; first:")
@@ -445,7 +449,10 @@ def check_reference_file(
         # Only reachable for framing the checks above do not name; show the raw offset.
         problems.extend(
             describe_byte_difference(
-                reference.raw, joined, expected_label="reference", actual_label="built",
+                reference.raw,
+                joined,
+                expected_label="reference",
+                actual_label="built",
                 unit="the file",
             )
         )
@@ -473,7 +480,7 @@ def describe_order_difference(expected: Sequence[str], actual: Sequence[str]) ->
         k = next(i for i, (a, b) in enumerate(zip(exp, act, strict=False)) if a != b)
         lines.append(
             f"order differs at position {k + 1}: the snapshot has {exp[k]!r}, the build "
-            f"{act[k]!r} (snapshot ...{_few(exp[k:k + 4])}; build ...{_few(act[k:k + 4])})"
+            f"{act[k]!r} (snapshot ...{_few(exp[k : k + 4])}; build ...{_few(act[k : k + 4])})"
         )
     return lines
 
@@ -661,11 +668,13 @@ def describe_token_difference(snapshot: bytes, now: bytes) -> list[str]:
     if at is not None:
         was = (
             f"{old.conversation[at]} {old.vocab.get(old.conversation[at], '?')!r}"
-            if at < len(old.conversation) else "its end"
+            if at < len(old.conversation)
+            else "its end"
         )
         now_tok = (
             f"{new.conversation[at]} {new.vocab.get(new.conversation[at], '?')!r}"
-            if at < len(new.conversation) else "its end"
+            if at < len(new.conversation)
+            else "its end"
         )
         lines += [
             f"conversation token {at} differs: snapshot {was}, now {now_tok} "

@@ -13,7 +13,6 @@ by the independent recount before ``metrics.json`` is written.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import sys
 from collections import Counter
@@ -22,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .controller import _sha256_file
-from .metrics import METRICS_SCHEMA_VERSION, Tally
+from .metrics import METRICS_SCHEMA_VERSION, Tally, metrics_document
 from .recount import RecountError, compare_counts, recount_file, recount_run
 from .rundir import (
     JOURNAL,
@@ -32,6 +30,7 @@ from .rundir import (
     atomic_write,
     read_json,
     read_predictions,
+    sha256_file,
     write_json,
 )
 
@@ -99,7 +98,7 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
         problems.append(f"{path / METRICS}: not a metrics object")
         return None
     claimed_sha = metrics.get("predictions_sha256")
-    if claimed_sha is not None and claimed_sha != _sha256_file(path / PREDICTIONS):
+    if claimed_sha is not None and claimed_sha != sha256_file(path / PREDICTIONS):
         problems.append(
             f"{path}: {PREDICTIONS} is not the file its {METRICS} was written for "
             "(predictions_sha256 differs: edited after the run?)"
@@ -280,31 +279,25 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
         "shard": None,
         "resumed": sum(int((r.metrics.get("scope") or {}).get("resumed") or 0) for r in runs),
     }
-    metrics: dict[str, Any] = {
-        "schema_version": METRICS_SCHEMA_VERSION,
-        "ckpt": first.get("ckpt"),
-        "kind": first.get("kind"),
-        "complete": True,
-        **counts,
-        "scope": scope,
-        "missing": [],
-        "not_selected": [],
-        "m2_by_position": {
-            str(k): {"correct": v[0], "total": v[1]} for k, v in sorted(tally.by_position.items())
-        },
-        "generated_turns": tally.generated_turns,
-        "fingerprints": dict(first.get("fingerprints") or {}),
-        "decoding": {**(first.get("decoding") or {}), "path": ",".join(paths_used)},
-        "benchmark": first.get("benchmark"),
-        "predictions_sha256": _sha256_file(predictions),
-        "timing": {
+    metrics = metrics_document(
+        tally,
+        ckpt=first.get("ckpt"),
+        kind=first.get("kind"),
+        complete=True,
+        scope=scope,
+        missing=[],
+        not_selected=[],
+        fingerprints=first.get("fingerprints") or {},
+        decoding={**(first.get("decoding") or {}), "path": ",".join(paths_used)},
+        benchmark=first.get("benchmark"),
+        predictions_sha256=sha256_file(predictions),
+        timing={
             # Shards run side by side: the merged run took as long as its slowest shard.
             "wall_s": wall,
             "scenarios_per_s": round(total / wall, 3) if wall else None,
             "shard_wall_s": walls,
         },
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "merged_from": [
+        merged_from=[
             {
                 "shard": r.shard.get("spec"),
                 "dir": str(r.path),
@@ -315,7 +308,7 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
             }
             for r in runs
         ],
-    }
+    )
     write_json(out / METRICS, metrics)
     return metrics
 

@@ -7,11 +7,12 @@ the same counts from ``predictions.jsonl`` with separate code, and the two must 
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["METRICS_SCHEMA_VERSION", "Tally", "rate_block"]
+__all__ = ["METRICS_SCHEMA_VERSION", "Tally", "metrics_document", "rate_block"]
 
 #: Version of ``metrics.json``; bump on any incompatible change (docs/results-schema.md).
 METRICS_SCHEMA_VERSION = 1
@@ -66,3 +67,47 @@ class Tally:
             "unaligned": self.unaligned,
             "parse_fail": {"final": self.parse_fail_final, "turns": self.parse_fail_turns},
         }
+
+
+def metrics_document(
+    tally: Tally,
+    *,
+    ckpt: Any,
+    kind: Any,
+    complete: bool,
+    scope: Mapping[str, Any],
+    missing: list[str],
+    not_selected: list[str],
+    fingerprints: Mapping[str, Any],
+    decoding: Mapping[str, Any],
+    benchmark: Any,
+    predictions_sha256: str,
+    timing: Mapping[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The ``metrics.json`` of a run (docs/results-schema.md), from its tally and context.
+
+    One builder for every writer (the controller, ``memeval merge``), so the layout cannot
+    drift between a run and a merged run.
+    """
+    return {
+        "schema_version": METRICS_SCHEMA_VERSION,
+        "ckpt": ckpt,
+        "kind": kind,
+        "complete": complete,
+        **tally.counts(),
+        "scope": dict(scope),
+        "missing": missing,
+        "not_selected": not_selected,
+        "m2_by_position": {
+            str(k): {"correct": v[0], "total": v[1]} for k, v in sorted(tally.by_position.items())
+        },
+        "generated_turns": tally.generated_turns,
+        "fingerprints": dict(fingerprints),
+        "decoding": dict(decoding),
+        "benchmark": benchmark,
+        "predictions_sha256": predictions_sha256,
+        "timing": dict(timing),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }

@@ -209,13 +209,18 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
     if decode not in DECODE_PATHS:
         raise pytest.UsageError(f"memeval_decode must be one of {DECODE_PATHS}, got {decode!r}")
     wi = workerinput(config)
-    if wi is not None and wi.get("memeval_benchmark_fingerprint") not in (None, benchmark.fingerprint):
+    if wi is not None and wi.get("memeval_benchmark_fingerprint") not in (
+        None,
+        benchmark.fingerprint,
+    ):
         raise BenchmarkError(
             f"{benchmark.source}: this worker built different scenarios than the controller "
             "(a builder is not deterministic?)"
         )
     fingerprints: dict[str, str | None] = (
-        {"benchmark": benchmark.fingerprint} if wi is not None else _fingerprints(profile, benchmark)
+        {"benchmark": benchmark.fingerprint}
+        if wi is not None
+        else _fingerprints(profile, benchmark)
     )
     return MemevalState(
         profile=profile,

@@ -12,6 +12,7 @@ synced, then renamed over the target.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -29,6 +30,7 @@ __all__ = [
     "atomic_write",
     "read_json",
     "read_predictions",
+    "sha256_file",
     "write_json",
 ]
 
@@ -50,6 +52,15 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    """``sha256:<hex>`` of a file's bytes (the ``predictions_sha256`` of metrics.json)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
 
 
 def _umask() -> int:

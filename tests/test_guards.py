@@ -236,9 +236,7 @@ def reference_lines(project: Path, variant: str) -> list[bytes]:
 
 
 def digest(directory: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())
-    }
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
 def failures(result: pytest.RunResult) -> dict[str, str]:
@@ -353,8 +351,7 @@ def test_changed_template_fails_token_guards(pytester: pytest.Pytester, project:
     assert "conversation token" in tokens and "now 5 '<|eot|>'" in tokens
     prefix = failed[f"test_prompt_prefix[oracle-{ids[0]}]"]
     assert (
-        "the prompt of turn 0 (messages[2]) is not a token prefix of the prompt of turn 1"
-        in prefix
+        "the prompt of turn 0 (messages[2]) is not a token prefix of the prompt of turn 1" in prefix
     )
     assert "'<|eot|>' vs" in prefix
 
