@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.cli import main
-from pytest_memeval.controller import _sha256_file
+from pytest_memeval.rundir import sha256_file
 from pytest_memeval.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.recount import recount_run
 from pytest_memeval.sharding import shard_scope, shard_slice
@@ -90,7 +90,7 @@ def write_shard(
         "fingerprints": dict(fingerprints),
         "decoding": {"max_new_tokens": 16, "path": "fast"},
         "benchmark": {"source": "bench.jsonl"},
-        "predictions_sha256": _sha256_file(predictions),
+        "predictions_sha256": sha256_file(predictions),
         "timing": {"wall_s": 2.0 + k, "scenarios_per_s": 1.0},
     }
     (run_dir / "metrics.json").write_text(json.dumps(metrics), "utf-8")
