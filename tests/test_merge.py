@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from pytest_memeval.cli import main
-from pytest_memeval.rundir import sha256_file
 from pytest_memeval.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.recount import recount_run
+from pytest_memeval.rundir import sha256_file
 from pytest_memeval.sharding import shard_scope, shard_slice
 
 from .conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
