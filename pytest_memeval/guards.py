@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,11 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .benchmark import Scenario
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from .profiles import ProfileError, memeval_table
 
 __all__ = [
     "SNAPSHOT_KINDS",
@@ -108,15 +103,10 @@ def load_guard_specs(path: Path) -> list[GuardSpec]:
 
     Paths are relative to the file's directory. Errors name the file, the table and the key.
     """
-    if not path.is_file():
-        return []
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise GuardError(f"{path}: invalid TOML ({exc})") from None
-    tables = data.get("tool", {}).get("memeval", {}).get("guards", {})
-    if not isinstance(tables, dict):
-        raise GuardError(f"{path}: [tool.memeval.guards] must be a table of guard tables")
+        tables = memeval_table(path, "guards")
+    except ProfileError as exc:
+        raise GuardError(str(exc)) from None
     return [_spec(name, raw, path) for name, raw in tables.items()]
 
 

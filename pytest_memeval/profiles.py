@@ -42,6 +42,7 @@ __all__ = [
     "Profile",
     "ProfileError",
     "load_profiles",
+    "memeval_table",
     "resolve_profile",
 ]
 
@@ -105,18 +106,26 @@ class Profile:
         return self.source.parent
 
 
-def load_profiles(path: Path) -> dict[str, Mapping[str, Any]]:
-    """The raw ``[tool.memeval.ckpt]`` tables of a TOML file (empty if it has none)."""
+def memeval_table(path: Path, key: str) -> dict[str, Any]:
+    """The ``[tool.memeval.<key>]`` table of a TOML file (empty if the file or table is absent).
+
+    One reader for every ``tool.memeval`` table (profiles, guards), so TOML errors read alike.
+    """
     if not path.is_file():
         return {}
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: invalid TOML ({exc})") from None
-    table = data.get("tool", {}).get("memeval", {}).get("ckpt", {})
+    table = data.get("tool", {}).get("memeval", {}).get(key, {})
     if not isinstance(table, dict):
-        raise ProfileError(f"{path}: [tool.memeval.ckpt] must be a table of profiles")
+        raise ProfileError(f"{path}: [tool.memeval.{key}] must be a table of tables")
     return table
+
+
+def load_profiles(path: Path) -> dict[str, Mapping[str, Any]]:
+    """The raw ``[tool.memeval.ckpt]`` tables of a TOML file (empty if it has none)."""
+    return memeval_table(path, "ckpt")
 
 
 def resolve_profile(name: str, path: Path) -> Profile:
