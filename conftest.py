@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from pytest_memeval.state import workerinput
+
 _TESTS = Path(__file__).parent / "tests"
 
 
 def _command_line(config: pytest.Config) -> list[str]:
     # xdist workers get the controller's expanded testpaths as their args; the user's own
     # command line travels in workerinput["mainargv"].
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:
-        return [str(a) for a in workerinput.get("mainargv", [])[1:]]
+    wi = workerinput(config)
+    if wi is not None:
+        return [str(a) for a in wi.get("mainargv", [])[1:]]
     return list(config.invocation_params.args)
 
 

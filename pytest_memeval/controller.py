@@ -279,7 +279,8 @@ def format_summary(m: dict[str, Any]) -> str:
 
 
 class _XdistSelection:
-    """Registered only with xdist: the controller does not collect, its workers report ids."""
+    """Registered only with xdist: the controller does not collect, its workers report ids;
+    and it hands each worker the plain data it checks against (benchmark, resumed ids)."""
 
     def __init__(self, controller: MemevalController) -> None:
         self.controller = controller
@@ -290,7 +291,12 @@ class _XdistSelection:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        # Plain data only: each worker deselects the same scenarios the controller resumed.
+        # Plain data only. Each worker rebuilds the benchmark itself and checks it got the
+        # same scenarios (a non-deterministic builder would otherwise split silently).
+        node.workerinput["memeval_benchmark_fingerprint"] = (
+            self.controller.state.benchmark.fingerprint
+        )
+        # Each worker deselects the same scenarios the controller resumed.
         resumed = self.controller.resumed
         if resumed is not None and resumed.offsets:
             node.workerinput["memeval_resume_done"] = sorted(resumed.offsets)

@@ -34,11 +34,12 @@ class MemevalWorkerInput(TypedDict, total=False):
     #: the worker's CUDA_VISIBLE_DEVICES value ("5", "MIG-...") or "cpu" (device_binding.py)
     memeval_device: str
     memeval_torch_threads: int  # torch threads: the worker's share of the cores
-    memeval_run_started: float
     #: --memeval-expect: the known-failure item names, read once on the controller (gate.py)
     memeval_known_failures: list[str]
     memeval_known_failures_source: str
     memeval_resume_done: list[str]  # --memeval-resume: scenario ids the journal has
+    #: set by xdist itself: the controller's sys.argv (the user's own command line)
+    mainargv: list[str]
 
 
 def workerinput(config: pytest.Config) -> MemevalWorkerInput | None:
