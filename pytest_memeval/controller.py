@@ -121,6 +121,10 @@ class MemevalController:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if session.config.getoption("collectonly") or session.config.getoption("setupplan", False):
+            # Nothing was evaluated on purpose: the run directory is not this session's.
+            self.journal.close()
+            return
         wall = time.time() - self.started
         scope = self.state.scope_ids
         selected = set(self.selected) if self.selected is not None else set(scope)

@@ -105,6 +105,11 @@ def test_subset_runs_say_so_and_replay_rescores(memeval_project: MemevalProject)
     memeval_project.run("--ckpt", "demo")
     full = memeval_project.metrics()
     assert full["complete"] is True
+    # --collect-only evaluates nothing on purpose: the finished run stays as it was.
+    kept = (memeval_project.run_dir() / "predictions.jsonl").read_bytes()
+    memeval_project.run("--ckpt", "demo", "--collect-only", "-n", "2")
+    assert memeval_project.metrics() == full
+    assert (memeval_project.run_dir() / "predictions.jsonl").read_bytes() == kept
     # Replay: the stored outputs re-scored without a model give the same counts...
     replayed = memeval_project.run("--ckpt", "replay", "-n", "2")
     replayed.stdout.fnmatch_lines(["ckpt replay: 4 scenarios (complete)"])
