@@ -309,7 +309,10 @@ def cli_main(args: argparse.Namespace) -> int:
     )
     if differ:
         print(f"predictions differ in {len(differ)} scenarios: {', '.join(differ[:10])}")
-    growth, growth_identical = _growth(loaded, args, profile, max_new)
+    try:
+        growth, growth_identical = _growth(loaded, args, profile, max_new)
+    except subprocess.CalledProcessError as exc:
+        return _fail(f"generating the growth benchmarks failed ({exc}); try --turns ''")
     for line in growth:
         print(line)
     identical = not differ and growth_identical

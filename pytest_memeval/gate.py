@@ -247,6 +247,8 @@ def _drop(
     max_drop: Fraction,
 ) -> GateCheck:
     label = f"{name} drop vs baseline <= {_pp(max_drop)}"
+    if not block["total"]:
+        return GateCheck(label, False, f"{label}: this run scored no {name}, so it cannot pass")
     ref_rate = Fraction(ref[0], ref[1])
     rate = Fraction(block["correct"], block["total"])
     drop = (ref_rate - rate) * 100

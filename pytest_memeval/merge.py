@@ -97,12 +97,7 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
     if not isinstance(metrics, dict):
         problems.append(f"{path / METRICS}: not a metrics object")
         return None
-    claimed_sha = metrics.get("predictions_sha256")
-    if claimed_sha is not None and claimed_sha != sha256_file(path / PREDICTIONS):
-        problems.append(
-            f"{path}: {PREDICTIONS} is not the file its {METRICS} was written for "
-            "(predictions_sha256 differs: edited after the run?)"
-        )
+    # predictions_sha256 was checked by recount_run above.
     shard = (metrics.get("scope") or {}).get("shard")
     if not isinstance(shard, dict):
         problems.append(
@@ -254,6 +249,8 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
         raise MergeError(problems)
 
     runs.sort(key=lambda r: r.k)
+    # An earlier merge's metrics must not outlive its predictions, even for a moment.
+    (out / METRICS).unlink(missing_ok=True)
     predictions = out / PREDICTIONS
     tally = Tally()
     atomic_write(predictions, _merged_lines(runs, tally))

@@ -9,6 +9,7 @@ aggregate cannot hide behind the same bug in its check.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -77,6 +78,59 @@ def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[s
     return problems
 
 
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def _positions(path: Path) -> dict[str, dict[str, int]]:
+    """m2 per turn position, recounted (aligned scenarios only)."""
+    out: dict[str, dict[str, int]] = {}
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if rec["aligned"] is not True:
+                continue
+            for turn in rec["turns"]:
+                if turn["match"] is None:
+                    continue
+                slot = out.setdefault(str(turn["index"]), {"correct": 0, "total": 0})
+                slot["total"] += 1
+                if turn["match"] is True:
+                    slot["correct"] += 1
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def _check_claims(claimed: dict[str, Any], recounted: dict[str, Any], path: Path) -> list[str]:
+    """What else metrics.json claims that readers (compare, report, gate) rely on."""
+    problems = []
+    sha = claimed.get("predictions_sha256")
+    if sha is not None and sha != _file_sha256(path):
+        problems.append(
+            f"predictions_sha256: {path.name} is not the file these metrics were written for "
+            "(edited after the run?)"
+        )
+    if "m2_by_position" in claimed and claimed["m2_by_position"] != _positions(path):
+        problems.append("m2_by_position: does not match the recount of the turns")
+    if claimed.get("complete") is True:
+        scope = claimed.get("scope") or {}
+        if claimed.get("missing") or claimed.get("not_selected"):
+            problems.append("complete: true, but scenarios are listed as missing or not selected")
+        if scope.get("shard"):
+            problems.append("complete: true for a shard run")
+        if scope and scope.get("in_scope") != recounted["n"]:
+            problems.append(
+                f"complete: true, but {recounted['n']} records for {scope.get('in_scope')} "
+                "scenarios in scope"
+            )
+    return problems
+
+
 def recount_run(run_dir: Path) -> dict[str, Any]:
     """Check ``run_dir/metrics.json`` against ``run_dir/predictions.jsonl``; raise on mismatch."""
     metrics_path, predictions_path = run_dir / "metrics.json", run_dir / "predictions.jsonl"
@@ -89,6 +143,7 @@ def recount_run(run_dir: Path) -> dict[str, Any]:
         raise RecountError(f"{metrics_path}: malformed ({exc.msg})") from None
     recounted = recount_file(predictions_path)
     problems = compare_counts(claimed, recounted)
+    problems += _check_claims(claimed, recounted, predictions_path)
     if problems:
         raise RecountError(
             f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems)

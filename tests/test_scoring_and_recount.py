@@ -138,3 +138,32 @@ def test_recount_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     (run / "metrics.json").write_text('{"n": 5}')
     assert main(["recount", str(run)]) == 1
     assert "FAIL" in capsys.readouterr().err
+
+
+def test_recount_checks_what_readers_rely_on(tmp_path: Path) -> None:
+    """The hash, the per-position m2 and the completeness claim are checked too."""
+    from pytest_memeval.rundir import sha256_file
+
+    run = _run(tmp_path)
+    metrics = json.loads((run / "metrics.json").read_text())
+    good = {
+        **metrics,
+        "predictions_sha256": sha256_file(run / "predictions.jsonl"),
+        "m2_by_position": {"0": {"correct": 1, "total": 1}, "1": {"correct": 1, "total": 1}},
+        "complete": True,
+        "missing": [],
+        "not_selected": [],
+        "scope": {"in_scope": 2, "shard": None},
+    }
+    write_json(run / "metrics.json", good)
+    recount_run(run)
+    for change, needle in [
+        ({"predictions_sha256": "sha256:00"}, "edited after the run"),
+        ({"m2_by_position": {"0": {"correct": 2, "total": 2}}}, "m2_by_position"),
+        ({"missing": ["x"]}, "listed as missing"),
+        ({"scope": {"in_scope": 3, "shard": None}}, "2 records for 3 scenarios"),
+        ({"scope": {"in_scope": 2, "shard": {"spec": "1/2"}}}, "for a shard run"),
+    ]:
+        write_json(run / "metrics.json", {**good, **change})
+        with pytest.raises(RecountError, match=needle):
+            recount_run(run)

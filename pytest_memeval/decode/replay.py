@@ -25,7 +25,12 @@ def source_fingerprints(profile: Profile) -> dict[str, str | None]:
     metrics_path = profile.predictions.parent / METRICS
     fps: dict[str, Any] = {}
     if metrics_path.is_file():
-        fps = json.loads(metrics_path.read_text(encoding="utf-8")).get("fingerprints", {})
+        try:
+            fps = json.loads(metrics_path.read_text(encoding="utf-8")).get("fingerprints", {})
+        except (OSError, ValueError, AttributeError) as exc:
+            raise BenchmarkError(
+                f"{metrics_path}: unreadable metrics of the replayed run ({exc})"
+            ) from None
     return {k: fps.get(k) for k in ("model", "adapter", "decoding")}
 
 
@@ -54,14 +59,17 @@ class ReplayDecoder:
                 f"{self.source}: scenario {scenario.id!r} has {len(turns)} predicted turns but "
                 f"the benchmark has {len(scenario.turn_indices)}"
             )
-        outputs = [
-            TurnOutput(t["pred"], bool(t.get("stopped", True)), generated=False) for t in turns
-        ]
-        outputs.append(
-            TurnOutput(
-                record["final_pred"], bool(record.get("final_stopped", True)), generated=False
+        # A missing stop flag is an error, not "stopped": assuming it would turn a cut-off
+        # output (a parse failure) into a scored answer.
+        try:
+            outputs = [TurnOutput(t["pred"], bool(t["stopped"]), generated=False) for t in turns]
+            outputs.append(
+                TurnOutput(record["final_pred"], bool(record["final_stopped"]), generated=False)
             )
-        )
+        except KeyError as exc:
+            raise BenchmarkError(
+                f"{self.source}: scenario {scenario.id!r} lacks field {exc.args[0]!r}"
+            ) from None
         return Rollout(tuple(outputs), self.path, record.get("prompt_tail", ""))
 
     def prefetch(self, scenarios: Sequence[Scenario]) -> None:
