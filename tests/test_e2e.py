@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 
@@ -47,7 +48,10 @@ def test_no_xdist_and_two_workers_give_identical_runs(memeval_project: MemevalPr
     runs = {}
     for label, args in {"serial": [], "xdist": ["-n", "2"]}.items():
         out = memeval_project.path / "runs" / label
-        result = memeval_project.run("--ckpt", "demo", "--memeval-out", str(out), "-rx", *args)
+        junit = memeval_project.path / f"{label}.xml"
+        result = memeval_project.run(
+            "--ckpt", "demo", "--memeval-out", str(out), "-rx", f"--junitxml={junit}", *args
+        )
         outcomes = result.parseoutcomes()
         # Every scenario: one final-query item; every turns item is xfail iff unaligned.
         assert outcomes.get("xfailed", 0) == n_unaligned
@@ -78,7 +82,11 @@ def test_no_xdist_and_two_workers_give_identical_runs(memeval_project: MemevalPr
         ]
         assert [p["id"] for p in predictions] == [r["id"] for r in records]
         # m1 in the metrics is exactly what the final-query items asserted.
-        assert metrics["m1"]["correct"] == sum(p["final_match"] for p in predictions)
+        cases = ElementTree.parse(junit).getroot().iter("testcase")
+        finals = [c for c in cases if c.get("name", "").startswith("test_final_query[")]
+        assert len(finals) == len(records)
+        passed = sum(1 for c in finals if c.find("failure") is None and c.find("error") is None)
+        assert metrics["m1"]["correct"] == passed
         runs[label] = (metrics, predictions)
 
     (m_serial, p_serial), (m_xdist, p_xdist) = runs["serial"], runs["xdist"]

@@ -304,3 +304,15 @@ def test_expect_and_gate_under_xdist(
             "gate PASSED: exit status 1",
         ]
     )
+
+
+def test_a_run_that_scored_nothing_fails_the_baseline_gate_cleanly() -> None:
+    """Every selected scenario missing: m1 total 0 must be a FAIL, not a ZeroDivisionError."""
+    base = Baseline(Path("runs/ref"), m1=(9, 10), m2=(50, 100))
+    checks = evaluate_gate(
+        GateSettings(baseline=base, max_drop=Fraction(5)), _metrics((0, 0), (0, 0), False)
+    )
+    assert [c.passed for c in checks] == [False, False]
+    assert checks[1].detail == (
+        "m1 drop vs baseline <= 5.00 pp: this run scored no m1, so it cannot pass"
+    )
