@@ -24,7 +24,7 @@ from typing import Any
 
 from .recount import RecountError, recount_run
 from .rundir import METRICS, PREDICTIONS, read_json, read_predictions
-from .stats import describe_p, mcnemar_exact, wilson_interval
+from .stats import describe_p, mcnemar_exact, rate_with_ci
 
 __all__ = [
     "ALPHA",
@@ -124,14 +124,6 @@ def turn_structure(record: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(turn.get("target", turn.get("gt"))) for turn in record["turns"])
 
 
-def _rate_block(correct: int, total: int) -> dict[str, Any]:
-    block: dict[str, Any] = {"correct": correct, "total": total, "rate": None, "ci95": None}
-    if total:
-        block["rate"] = correct / total
-        block["ci95"] = list(wilson_interval(correct, total))
-    return block
-
-
 def run_summary(label: str, run: RunData) -> dict[str, Any]:
     """The per-run part of a comparison: counts, rates and 95% intervals, fingerprints."""
     m = run.metrics
@@ -140,8 +132,8 @@ def run_summary(label: str, run: RunData) -> dict[str, Any]:
         "path": str(run.path),
         "ckpt": run.ckpt,
         "n": m["n"],
-        "m1": _rate_block(m["m1"]["correct"], m["m1"]["total"]),
-        "m2": _rate_block(m["m2"]["correct"], m["m2"]["total"]),
+        "m1": rate_with_ci(m["m1"]["correct"], m["m1"]["total"]),
+        "m2": rate_with_ci(m["m2"]["correct"], m["m2"]["total"]),
         "parse_fail": dict(m["parse_fail"]),
         "unaligned": m["unaligned"],
         "fingerprints": dict(m.get("fingerprints") or {}),

@@ -33,7 +33,7 @@ from .compare import (
     load_run,
     run_summary,
 )
-from .stats import wilson_interval
+from .stats import rate_with_ci
 
 if TYPE_CHECKING:
     from .gate import GateOutcome
@@ -179,7 +179,7 @@ def summary_html(metrics: Mapping[str, Any] | None, gate: GateOutcome | None) ->
         f"<tr><th {cell}></th><th {cell}>count</th><th {cell}>95% Wilson interval</th></tr>"
     )
     for key, name in (("m1", "m1 final-query"), ("m2", "m2 turn-level")):
-        block = _with_ci(metrics[key])
+        block = rate_with_ci(metrics[key]["correct"], metrics[key]["total"])
         lines.append(
             f"<tr><td {cell}>{name}</td><td class='num' {cell}>{escape(fmt_rate(block))}</td>"
             f"<td class='num' {cell}>{escape(fmt_ci(block))}</td></tr>"
@@ -202,16 +202,6 @@ def summary_html(metrics: Mapping[str, Any] | None, gate: GateOutcome | None) ->
         ]
         lines.append("</ul>")
     return "<div class='memeval-summary'>" + "".join(lines) + "</div>"
-
-
-def _with_ci(block: Mapping[str, Any]) -> dict[str, Any]:
-    correct, total = block["correct"], block["total"]
-    return {
-        "correct": correct,
-        "total": total,
-        "rate": correct / total if total else None,
-        "ci95": list(wilson_interval(correct, total)) if total else None,
-    }
 
 
 # -- charts ---------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
-__all__ = ["Z95", "describe_p", "mcnemar_exact", "wilson_interval"]
+__all__ = ["Z95", "describe_p", "mcnemar_exact", "rate_with_ci", "wilson_interval"]
 
 #: The 0.975 quantile of the standard normal: a two-sided 95% interval.
 Z95 = 1.959963984540054
@@ -60,3 +61,16 @@ def describe_p(p: float, alpha: float = 0.05) -> str:
     shown = f"{p:.4g}" if p >= 1e-4 else f"{p:.2e}"
     verdict = "significant" if p < alpha else "not significant"
     return f"p = {shown}: {verdict} at {alpha:g}"
+
+
+def rate_with_ci(correct: int, total: int) -> dict[str, Any]:
+    """``{correct, total, rate, ci95}``: a count with its rate and 95% Wilson interval
+    (``rate`` and ``ci95`` null when nothing was scored)."""
+    if not total:
+        return {"correct": correct, "total": total, "rate": None, "ci95": None}
+    return {
+        "correct": correct,
+        "total": total,
+        "rate": correct / total,
+        "ci95": list(wilson_interval(correct, total)),
+    }
