@@ -54,10 +54,75 @@ def _encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return [[int(i) for i in e.ids] for e in backend.encode_batch(texts, add_special_tokens=False)]
 
 
+class _PrefixRenderer:
+    """Renders many prefixes of one conversation with the tokenizer's compiled template.
+
+    ``apply_chat_template`` re-normalises every message on every call (a deep copy into plain
+    JSON types), which makes rendering all turn prompts O(turns^2) in Python work and, on a
+    small model, the largest cost of the fast path. Scenario messages are already plain
+    ``{"role": str, "content": str}`` dicts, for which that normalisation is the identity, so
+    the compiled template is called with exactly the arguments ``apply_chat_template`` passes
+    (messages, ``tools=None``, ``documents=None``, ``add_generation_prompt``, the special
+    tokens map). Each scenario is still checked against ``apply_chat_template`` itself (the
+    whole conversation and the final prompt); any difference, a non-string template, or a
+    transformers without the compiled-template helper falls back to ``apply_chat_template``
+    for every prompt.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.compiled: Any = None
+        self.kwargs: dict[str, Any] = {}
+        template = getattr(tokenizer, "chat_template", None)
+        if not isinstance(template, str):
+            return
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+        except ImportError:  # pragma: no cover - other transformers versions
+            return
+        self.compiled = _compile_jinja_template(template)
+        self.kwargs = dict(tokenizer.special_tokens_map)
+
+    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
+        text = self.compiled.render(
+            messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **self.kwargs,
+        )
+        return str(text)
+
+
+_RENDERERS: dict[int, tuple[Any, _PrefixRenderer]] = {}
+
+
+def _renderer(tokenizer: Any) -> _PrefixRenderer:
+    cached = _RENDERERS.get(id(tokenizer))
+    if cached is None or cached[0] is not tokenizer:
+        cached = (tokenizer, _PrefixRenderer(tokenizer))
+        _RENDERERS[id(tokenizer)] = cached
+    return cached[1]
+
+
+def _prompt_texts(tokenizer: Any, scenario: Scenario) -> list[str]:
+    ks = scenario.assistant_indices
+    renderer = _renderer(tokenizer)
+    if renderer.compiled is not None:
+        texts = [renderer.render(scenario.messages[:k], True) for k in ks]
+        # The check that keeps this exact: the same text as apply_chat_template, here.
+        if texts[-1] == render(
+            tokenizer, scenario.messages[: ks[-1]], add_generation_prompt=True
+        ) and renderer.render(scenario.messages, False) == render(
+            tokenizer, scenario.messages, add_generation_prompt=False
+        ):
+            return texts
+    return [render(tokenizer, scenario.messages[:k], add_generation_prompt=True) for k in ks]
+
+
 def turn_prompts(tokenizer: Any, scenario: Scenario) -> list[TurnPrompt]:
     """One prompt per assistant message, in order (the last one is the final query's)."""
     ks = scenario.assistant_indices
-    texts = [render(tokenizer, scenario.messages[:k], add_generation_prompt=True) for k in ks]
+    texts = _prompt_texts(tokenizer, scenario)
     return [
         TurnPrompt(k, tuple(ids), scenario.messages[k]["content"])
         for k, ids in zip(ks, _encode_many(tokenizer, texts), strict=True)
