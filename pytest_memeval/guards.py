@@ -493,10 +493,11 @@ class PromptTokens:
 
 def prompt_tokens(tokenizer: Any, scenario: Scenario) -> PromptTokens:
     """Render ``scenario`` exactly as the harness does (:mod:`.prompts`), as token ids."""
-    from .prompts import conversation_ids, turn_prompts
+    from .prompts import scenario_prompts
 
-    conversation = tuple(conversation_ids(tokenizer, scenario))
-    prompts = tuple((p.message_index, p.ids) for p in turn_prompts(tokenizer, scenario))
+    turns, full = scenario_prompts(tokenizer, scenario)
+    conversation = tuple(full)
+    prompts = tuple((p.message_index, p.ids) for p in turns)
     ids = sorted(set(conversation).union(*(set(p) for _, p in prompts)))
     tokens = tokenizer.convert_ids_to_tokens(ids)
     vocab = dict(zip(ids, map(str, tokens), strict=True))

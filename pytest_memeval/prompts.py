@@ -13,7 +13,7 @@ from typing import Any
 
 from .benchmark import Scenario
 
-__all__ = ["TurnPrompt", "conversation_ids", "render", "turn_prompts"]
+__all__ = ["TurnPrompt", "conversation_ids", "render", "scenario_prompts", "turn_prompts"]
 
 
 def render(
@@ -93,40 +93,37 @@ class _PrefixRenderer:
         return str(text)
 
 
-_RENDERERS: dict[int, tuple[Any, _PrefixRenderer]] = {}
-
-
-def _renderer(tokenizer: Any) -> _PrefixRenderer:
-    cached = _RENDERERS.get(id(tokenizer))
-    if cached is None or cached[0] is not tokenizer:
-        cached = (tokenizer, _PrefixRenderer(tokenizer))
-        _RENDERERS[id(tokenizer)] = cached
-    return cached[1]
-
-
-def _prompt_texts(tokenizer: Any, scenario: Scenario) -> list[str]:
+def _prompt_texts(tokenizer: Any, scenario: Scenario, conversation: str) -> list[str]:
+    """The text of every turn prompt; ``conversation`` is ``apply_chat_template``'s rendering
+    of the whole scenario, the reference the shortcut is checked against."""
     ks = scenario.assistant_indices
-    renderer = _renderer(tokenizer)
+    renderer = _PrefixRenderer(tokenizer)  # cheap: transformers caches the compiled template
     if renderer.compiled is not None:
         texts = [renderer.render(scenario.messages[:k], True) for k in ks]
         # The check that keeps this exact: the same text as apply_chat_template, here.
-        if texts[-1] == render(
+        if renderer.render(scenario.messages, False) == conversation and texts[-1] == render(
             tokenizer, scenario.messages[: ks[-1]], add_generation_prompt=True
-        ) and renderer.render(scenario.messages, False) == render(
-            tokenizer, scenario.messages, add_generation_prompt=False
         ):
             return texts
     return [render(tokenizer, scenario.messages[:k], add_generation_prompt=True) for k in ks]
 
 
+def scenario_prompts(tokenizer: Any, scenario: Scenario) -> tuple[list[TurnPrompt], list[int]]:
+    """Every turn prompt and the whole conversation's ids, rendering the conversation once."""
+    conversation = render(tokenizer, scenario.messages, add_generation_prompt=False)
+    ks = scenario.assistant_indices
+    texts = [*_prompt_texts(tokenizer, scenario, conversation), conversation]
+    *ids, full = _encode_many(tokenizer, texts)
+    prompts = [
+        TurnPrompt(k, tuple(i), scenario.messages[k]["content"])
+        for k, i in zip(ks, ids, strict=True)
+    ]
+    return prompts, full
+
+
 def turn_prompts(tokenizer: Any, scenario: Scenario) -> list[TurnPrompt]:
     """One prompt per assistant message, in order (the last one is the final query's)."""
-    ks = scenario.assistant_indices
-    texts = _prompt_texts(tokenizer, scenario)
-    return [
-        TurnPrompt(k, tuple(ids), scenario.messages[k]["content"])
-        for k, ids in zip(ks, _encode_many(tokenizer, texts), strict=True)
-    ]
+    return scenario_prompts(tokenizer, scenario)[0]
 
 
 def conversation_ids(tokenizer: Any, scenario: Scenario) -> list[int]:

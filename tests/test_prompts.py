@@ -7,7 +7,13 @@ from transformers import AutoTokenizer
 
 from pytest_memeval import prompts
 from pytest_memeval.benchmark import from_records
-from pytest_memeval.prompts import _encode, render, turn_prompts
+from pytest_memeval.prompts import (
+    _encode,
+    conversation_ids,
+    render,
+    scenario_prompts,
+    turn_prompts,
+)
 
 from .conftest import BASE_MODEL, demo_records
 
@@ -26,11 +32,12 @@ def tokenizer() -> object:
 
 @pytest.mark.parametrize("variant", ["baseline", "oracle"])
 def test_every_turn_prompt_equals_apply_chat_template(tokenizer: object, variant: str) -> None:
-    assert prompts._renderer(tokenizer).compiled is not None  # the shortcut is in use
+    assert prompts._PrefixRenderer(tokenizer).compiled is not None  # the shortcut is in use
     bench = from_records(demo_records(variant, 40), variant)
     for scenario in bench.scenarios:
-        got = [list(p.ids) for p in turn_prompts(tokenizer, scenario)]
-        assert got == _reference_ids(tokenizer, scenario), scenario.id
+        turns, full = scenario_prompts(tokenizer, scenario)
+        assert [list(p.ids) for p in turns] == _reference_ids(tokenizer, scenario), scenario.id
+        assert full == conversation_ids(tokenizer, scenario), scenario.id
 
 
 def test_a_renderer_that_disagrees_is_not_used(

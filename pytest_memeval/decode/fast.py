@@ -36,7 +36,7 @@ from typing import Any
 
 from ..benchmark import Scenario
 from ..model import LoadedModel
-from ..prompts import TurnPrompt, conversation_ids, turn_prompts
+from ..prompts import TurnPrompt, scenario_prompts
 from ._types import Rollout, TurnOutput
 from .reference import decode_new_tokens, generate_from, prompt_tail
 
@@ -229,8 +229,7 @@ class FastDecoder:
         """The scenario's teacher-forced plan, or ``None`` and why the fast path cannot hold."""
         tokenizer = self.loaded.tokenizer
         started = time.perf_counter()
-        prompts = turn_prompts(tokenizer, scenario)
-        full = conversation_ids(tokenizer, scenario)
+        prompts, full = scenario_prompts(tokenizer, scenario)
         self.seconds["prompts"] += time.perf_counter() - started
         if self._unsafe:
             return (
