@@ -47,9 +47,9 @@ class MemevalHtml:
         self, prefix: list[str], summary: list[str], postfix: list[str], session: pytest.Session
     ) -> None:
         controller = self.config.pluginmanager.get_plugin("memeval-controller")
-        metrics = getattr(controller, "metrics", None)
         if controller is None:
             return
+        metrics = getattr(controller, "metrics", None)
         from .gate import GATE_KEY
         from .report import summary_html
 

@@ -142,18 +142,19 @@ def load_benchmark(config: pytest.Config, profile: Profile) -> Benchmark:
 def pytest_memeval_build_benchmark(
     builder: str, options: Mapping[str, Any], rootdir: Path
 ) -> Iterable[Mapping[str, Any]] | None:
-    """The bundled scene-memory builder (task chains + initial-state manifest)."""
-    if builder != "scene_memory":
-        return None
-    from .builders import scene_memory
+    """The bundled builders (``builders.BUILDERS``, e.g. ``scene_memory``)."""
+    from .builders import BUILDERS
 
+    build = BUILDERS.get(builder)
+    if build is None:
+        return None
     try:
-        return list(scene_memory.build(options, rootdir))
+        return list(build(options, rootdir))
     except BenchmarkError:
         raise
     except (OSError, KeyError, ValueError) as exc:
         # The builder names the file and line; keep its message, tag the builder.
-        raise BenchmarkError(f"builder 'scene_memory': {exc}") from None
+        raise BenchmarkError(f"builder {builder!r}: {exc}") from None
 
 
 def decoding_fingerprint(settings: Mapping[str, Any]) -> str:

@@ -9,11 +9,12 @@ aggregate cannot hide behind the same bug in its check.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from .rundir import sha256_file
 
 __all__ = ["RecountError", "recount_file", "recount_run"]
 
@@ -78,14 +79,6 @@ def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[s
     return problems
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
 def _positions(path: Path) -> dict[str, dict[str, int]]:
     """m2 per turn position, recounted (aligned scenarios only)."""
     out: dict[str, dict[str, int]] = {}
@@ -110,7 +103,7 @@ def _check_claims(claimed: dict[str, Any], recounted: dict[str, Any], path: Path
     """What else metrics.json claims that readers (compare, report, gate) rely on."""
     problems = []
     sha = claimed.get("predictions_sha256")
-    if sha is not None and sha != _file_sha256(path):
+    if sha is not None and sha != sha256_file(path):
         problems.append(
             f"predictions_sha256: {path.name} is not the file these metrics were written for "
             "(edited after the run?)"

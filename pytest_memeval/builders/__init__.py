@@ -16,19 +16,10 @@ from typing import Any
 
 from . import scene_memory
 
-__all__ = ["BUILDERS", "Builder", "get_builder"]
+__all__ = ["BUILDERS", "Builder"]
 
 #: A builder: ``(options, rootdir) -> records``.
 Builder = Callable[[Mapping[str, Any], Path], Iterator[dict[str, Any]]]
 
 #: Registered builders by name.
 BUILDERS: dict[str, Builder] = {"scene_memory": scene_memory.build}
-
-
-def get_builder(name: str) -> Builder:
-    """The builder registered as ``name``; ``ValueError`` listing the known ones otherwise."""
-    try:
-        return BUILDERS[name]
-    except KeyError:
-        known = ", ".join(sorted(BUILDERS))
-        raise ValueError(f"unknown benchmark builder {name!r} (known: {known})") from None

@@ -38,7 +38,7 @@ from ..benchmark import Scenario
 from ..model import LoadedModel
 from ..prompts import TurnPrompt, scenario_prompts
 from ._types import Rollout, TurnOutput
-from .reference import decode_new_tokens, generate_from, prompt_tail
+from .reference import decode_new_tokens, generate_from, prompt_tail, reference_rollout
 
 __all__ = [
     "DEFAULT_ACCELERATOR_BATCH_SIZE",
@@ -273,15 +273,12 @@ class FastDecoder:
     def _reference_rollout(self, prompts: list[TurnPrompt], note: str) -> Rollout:
         """Exactly what :class:`~.reference.ReferenceDecoder` does, plus ``note``."""
         self.stats["reference_scenarios"] += 1
+        self.stats["turns"] += len(prompts)
+        self.stats["generated"] += len(prompts)
         started = time.perf_counter()
-        outputs = []
-        for p in prompts:
-            self.stats["turns"] += 1
-            self.stats["generated"] += 1
-            outputs.append(generate_from(self.loaded, p.ids, self.max_new_tokens))
+        rollout = reference_rollout(self.loaded, prompts, self.max_new_tokens, self.path, (note,))
         self.seconds["generate"] += time.perf_counter() - started
-        tail = prompt_tail(self.loaded, prompts[-1].ids)
-        return Rollout(tuple(outputs), self.path, tail, (note,))
+        return rollout
 
     def _decode_batch(self, plans: list[_Plan]) -> list[Rollout]:
         import torch

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..benchmark import Scenario
 from ..model import LoadedModel
-from ..prompts import turn_prompts
+from ..prompts import TurnPrompt, turn_prompts
 from ._types import Rollout, TurnOutput
 
 
@@ -56,6 +56,19 @@ def prompt_tail(loaded: LoadedModel, ids: Sequence[int], n_tokens: int = 48) -> 
     return str(loaded.tokenizer.decode(list(ids[-n_tokens:]), skip_special_tokens=False))
 
 
+def reference_rollout(
+    loaded: LoadedModel,
+    prompts: Sequence[TurnPrompt],
+    max_new_tokens: int,
+    path: str,
+    notes: tuple[str, ...] = (),
+) -> Rollout:
+    """One greedy ``generate`` per prompt: the reference path, shared with the fast path's
+    fallback so the two cannot drift apart."""
+    outputs = tuple(generate_from(loaded, p.ids, max_new_tokens) for p in prompts)
+    return Rollout(outputs, path, prompt_tail(loaded, prompts[-1].ids), notes)
+
+
 class ReferenceDecoder:
     """Greedy ``generate`` for every assistant message, one call each."""
 
@@ -67,8 +80,7 @@ class ReferenceDecoder:
 
     def rollout(self, scenario: Scenario) -> Rollout:
         prompts = turn_prompts(self.loaded.tokenizer, scenario)
-        outputs = tuple(generate_from(self.loaded, p.ids, self.max_new_tokens) for p in prompts)
-        return Rollout(outputs, self.path, prompt_tail(self.loaded, prompts[-1].ids))
+        return reference_rollout(self.loaded, prompts, self.max_new_tokens, self.path)
 
     def prefetch(self, scenarios: Sequence[Scenario]) -> None:
         """The reference path decodes one scenario at a time; nothing to prepare."""
