@@ -204,8 +204,7 @@ class MemevalController:
     def _predictions_lines(self, ids: list[str], tally: Tally) -> Iterator[str]:
         import json
 
-        for sid in ids:
-            record = self.journal.read_at(self.offsets[sid])
+        for record in self.journal.read_at(self.offsets[sid] for sid in ids):
             tally.add(record)
             yield json.dumps(record, ensure_ascii=False) + "\n"
 

@@ -210,9 +210,11 @@ class Journal:
             with self.path.open("r+b") as fh:
                 fh.truncate(good_end)
 
-    def read_at(self, offset: int) -> dict[str, Any]:
+    def read_at(self, offsets: Iterable[int]) -> Iterator[dict[str, Any]]:
+        """The records starting at ``offsets``, in that order, through one open file."""
         with self.path.open("rb") as fh:
-            fh.seek(offset)
-            record = json.loads(fh.readline().decode("utf-8"))
-        assert isinstance(record, dict)
-        return record
+            for offset in offsets:
+                fh.seek(offset)
+                record = json.loads(fh.readline().decode("utf-8"))
+                assert isinstance(record, dict)
+                yield record

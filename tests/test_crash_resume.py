@@ -267,7 +267,7 @@ def test_journal_recover_drops_only_a_torn_tail(tmp_path: Path) -> None:
         zip(offsets, ["s0", "s1", "s2"], strict=True)
     )
     assert journal.path.read_bytes().endswith(b'"x": 2}\n'), "the torn tail is truncated"
-    assert journal.read_at(offsets[1]) == {"id": "s1", "x": 1}
+    assert list(journal.read_at([offsets[1]])) == [{"id": "s1", "x": 1}]
     # A damaged line *followed by* records is not a torn tail: refuse instead of truncating.
     with journal.path.open("ab") as fh:
         fh.write(b"garbage\n" + json.dumps({"id": "s9"}).encode() + b"\n")
