@@ -197,6 +197,13 @@ def compare_runs(run_a: RunData, run_b: RunData) -> dict[str, Any]:
         )
     if summary_a["m2"]["total"] != summary_b["m2"]["total"] or divergent:
         notes.append("m2 is scored over different turns in the two runs (see divergent, unaligned)")
+    for label, run in zip(labels, (run_a, run_b), strict=True):
+        flags = run.metrics.get("stop_flags", "present")
+        if flags != "present":
+            notes.append(
+                f"{label} was replayed from predictions without stop flags ({flags}): its "
+                "cut-off outputs were not detected, so its parse failures undercount"
+            )
 
     p_value = mcnemar_exact(len(fixed), len(broken))
     n = len(ids_a)

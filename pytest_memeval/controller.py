@@ -272,6 +272,11 @@ def format_summary(m: dict[str, Any]) -> str:
         f"unaligned: {m['unaligned']}/{m['n']}   parse failures: final {m['parse_fail']['final']}, "
         f"turns {m['parse_fail']['turns']}",
     ]
+    if m.get("stop_flags", "present") != "present":
+        lines.append(
+            f"stop flags: {m['stop_flags']} in the replayed predictions: cut-off outputs "
+            "could not be detected (parse failures count only empty or off-pattern outputs)"
+        )
     timing = m.get("timing") or {}
     if timing.get("scenarios_per_s") is not None:
         lines.append(

@@ -48,12 +48,16 @@ class MatchResult:
 
 
 def match_output(
-    pred: str, gt: str | None, *, stopped: bool, kind: str, rules: ParseRules
+    pred: str, gt: str | None, *, stopped: bool | None, kind: str, rules: ParseRules
 ) -> MatchResult:
-    """Score one output. ``gt=None`` (unaligned turn) still detects parse failures."""
+    """Score one output. ``gt=None`` (unaligned turn) still detects parse failures.
+
+    ``stopped=None`` (unknown: replayed predictions without stop flags) is not a cut-off:
+    the harness that produced the output decided where it ended.
+    """
     norm = normalize(pred)
     reason: str | None = None
-    if not stopped:
+    if stopped is False:
         reason = "no stop token within max_new_tokens (output cut off)"
     elif not norm:
         reason = "empty output"

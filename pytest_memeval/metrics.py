@@ -12,7 +12,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["METRICS_SCHEMA_VERSION", "Tally", "metrics_document", "rate_block"]
+__all__ = [
+    "METRICS_SCHEMA_VERSION",
+    "Tally",
+    "metrics_document",
+    "rate_block",
+    "stop_flags_kind",
+]
 
 #: Version of ``metrics.json``; bump on any incompatible change (docs/results-schema.md).
 METRICS_SCHEMA_VERSION = 1
@@ -21,6 +27,15 @@ METRICS_SCHEMA_VERSION = 1
 def rate_block(correct: int, total: int) -> dict[str, Any]:
     """``{"correct", "total", "rate"}``; rate is null when nothing was scored."""
     return {"correct": correct, "total": total, "rate": (correct / total) if total else None}
+
+
+def stop_flags_kind(without: int, n: int) -> str:
+    """``stop_flags`` of metrics.json: ``present`` (every record says whether each output
+    ended by itself; every model run), ``absent`` (none does: replayed predictions of another
+    harness, so cut-off outputs could not be detected), ``mixed`` (a merge of both)."""
+    if without == 0:
+        return "present"
+    return "absent" if without == n else "mixed"
 
 
 @dataclass
@@ -35,12 +50,14 @@ class Tally:
     parse_fail_final: int = 0
     parse_fail_turns: int = 0
     generated_turns: int = 0
+    no_stop_flags: int = 0  # records replayed from predictions without stop flags
     by_position: dict[int, list[int]] = field(default_factory=dict)
 
     def add(self, record: Mapping[str, Any]) -> None:
         self.n += 1
         self.m1_correct += bool(record["final_match"])
         self.parse_fail_final += bool(record["parse_fail"])
+        self.no_stop_flags += record.get("final_stopped") is None
         if not record["aligned"]:
             self.unaligned += 1
         for turn in record["turns"]:
@@ -66,6 +83,7 @@ class Tally:
             "m2": rate_block(self.m2_correct, self.m2_total),
             "unaligned": self.unaligned,
             "parse_fail": {"final": self.parse_fail_final, "turns": self.parse_fail_turns},
+            "stop_flags": stop_flags_kind(self.no_stop_flags, self.n),
         }
 
 

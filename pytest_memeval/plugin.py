@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from .decode import Decoder
 
 DECODE_PATHS = ("fast", "reference")
+#: ``MemevalState.extra`` key of a replay profile's checked predictions (a ReplaySource).
+REPLAY_SOURCE = "replay_source"
 
 # CI gates / known failures, and the pytest-html integration (active only with pytest-html),
 # are plugin modules of their own, loaded with this one.
@@ -202,6 +204,14 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
             scope_ids, shard = select_shard(benchmark.ids, config.getoption("memeval_shard"))
         except ShardError as exc:
             raise pytest.UsageError(str(exc)) from None
+    extra: dict[str, Any] = {}
+    if profile.kind == "replay":
+        from .decode.replay import load_replay_source
+
+        # The whole file against the benchmark, once, before any item: a bad file is one
+        # usage error naming file, line, scenario and field, not an error per item.
+        assert profile.predictions is not None
+        extra[REPLAY_SOURCE] = load_replay_source(profile.predictions, benchmark, scope_ids)
     out = config.getoption("memeval_out")
     run_dir = Path(out).resolve() if out else config.rootpath / config.getini("memeval_out") / name
     if shard is not None and not out:
@@ -231,6 +241,7 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
         decode_path="replay" if profile.kind == "replay" else str(decode),
         fingerprints=fingerprints,
         shard=shard,
+        extra=extra,
     )
 
 
@@ -305,7 +316,7 @@ def default_decoder(config: pytest.Config, profile: Profile, path: str, device: 
     if profile.kind == "replay":
         from .decode.replay import ReplayDecoder
 
-        return ReplayDecoder(profile)
+        return ReplayDecoder(config.stash[STATE_KEY].extra[REPLAY_SOURCE])
     from .decode import make_model_decoder
     from .model import load_model
 

@@ -28,6 +28,7 @@ class RecountError(RuntimeError):
 def recount_file(path: Path) -> dict[str, Any]:
     """Recount the count fields of ``metrics.json`` from a predictions file."""
     n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
+    with_flags = without_flags = 0
     ids: set[str] = set()
     with path.open(encoding="utf-8") as fh:
         lines = fh.readlines()
@@ -46,6 +47,10 @@ def recount_file(path: Path) -> dict[str, Any]:
             final_ok += 1
         if rec["parse_fail"] is True:
             pf_final += 1
+        if isinstance(rec.get("final_stopped"), bool):
+            with_flags += 1
+        else:
+            without_flags += 1
         if rec["aligned"] is not True:
             unaligned += 1
         for turn in rec["turns"]:
@@ -65,6 +70,9 @@ def recount_file(path: Path) -> dict[str, Any]:
         },
         "unaligned": unaligned,
         "parse_fail": {"final": pf_final, "turns": pf_turns},
+        "stop_flags": (
+            "absent" if without_flags and not with_flags else "mixed" if without_flags else "present"
+        ),
     }
 
 
@@ -76,6 +84,12 @@ def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[s
             problems.append(
                 f"{key}: metrics say {claimed.get(key)!r}, recount gives {recounted.get(key)!r}"
             )
+    # Metrics written before the field existed come from runs that always had stop flags.
+    flags = claimed.get("stop_flags", "present")
+    if flags != recounted.get("stop_flags"):
+        problems.append(
+            f"stop_flags: metrics say {flags!r}, recount gives {recounted.get('stop_flags')!r}"
+        )
     return problems
 
 

@@ -14,12 +14,14 @@ class TurnOutput:
     """What the model produced for one assistant message.
 
     ``text`` is the decoded output without the stop token; ``stopped`` is False when
-    generation ran into ``max_new_tokens`` (a parse failure); ``generated`` is True when the
-    output came from a real ``generate`` call rather than a teacher-forced check.
+    generation ran into ``max_new_tokens`` (a parse failure), and ``None`` when it is not
+    known (replayed predictions of another harness, which records no stop flags);
+    ``generated`` is True when the output came from a real ``generate`` call rather than a
+    teacher-forced check.
     """
 
     text: str
-    stopped: bool
+    stopped: bool | None
     generated: bool = True
 
 

@@ -1,26 +1,94 @@
-"""The replay decoder: re-score an earlier run's ``predictions.jsonl`` without a model.
+"""The replay decoder: score stored predictions without a model.
 
-The seed's score-only mode: after merging shards, or after a change of the matching rule,
-the stored raw outputs are scored again against the (current) benchmark.
+Two sources, one format: an earlier run's ``predictions.jsonl`` (after merging shards, or
+after a change of the matching rule), and the predictions of another harness (the seed's
+``--mode score_only`` flow: JSONL lines with ``id``, ``final_pred``, ``turns[].pred``,
+sometimes ``final_gt``, and no stop flags). Either way the stored raw outputs are scored
+again against the (current) benchmark.
+
+The whole file is checked against the benchmark once, at configure time
+(:func:`load_replay_source`), so a bad file is one usage error naming file, line, scenario
+and field, never one error per item. What a line needs:
+
+* ``id``: a scenario of the benchmark, once in the file;
+* ``final_pred``: a string;
+* ``turns``: a list of ``{"pred": str}``, one per assistant turn before the final answer;
+* stop flags (``final_stopped`` and each turn's ``stopped``, booleans): on every output of
+  the line or on none of them, and on every line of the file or on none. A file without
+  them is accepted: the harness that wrote it already decided where each output ended, so
+  its outputs are taken as ended (and a cut-off output cannot be told apart). A file that
+  mixes lines with and without them is refused: it is almost always two harnesses' files
+  concatenated, and one run must say one thing about cut-off detection.
+
+Other fields (``final_gt``, ``index``, ``final_match``...) are ignored: scoring uses the
+benchmark's ground truth. ``prompt_tail`` is kept when it is a string.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..benchmark import BenchmarkError, Scenario
+from ..benchmark import Benchmark, BenchmarkError, Scenario
 from ..profiles import Profile
-from ..rundir import METRICS, read_predictions
+from ..rundir import JOURNAL_HEADER_KEY, METRICS
 from ._types import Rollout, TurnOutput
 
-__all__ = ["ReplayDecoder", "source_fingerprints"]
+__all__ = [
+    "STOP_FLAGS_ABSENT",
+    "STOP_FLAGS_PRESENT",
+    "ReplayDecoder",
+    "ReplayError",
+    "ReplayPrediction",
+    "ReplaySource",
+    "load_replay_source",
+    "source_fingerprints",
+]
+
+#: ``stop_flags`` of metrics.json: every replayed output carried its stop flag (model runs too).
+STOP_FLAGS_PRESENT = "present"
+#: ``stop_flags`` of metrics.json: the predictions had no stop flags (another harness's file).
+STOP_FLAGS_ABSENT = "absent"
+
+#: Problems a refusal lists before "... and N more".
+_SHOW = 5
+
+
+class ReplayError(BenchmarkError):
+    """The predictions file cannot be replayed against the benchmark; names file and line."""
+
+
+@dataclass(frozen=True)
+class ReplayPrediction:
+    """One scenario's stored outputs: the turns' and the final answer's text, in order.
+
+    ``stopped`` holds one flag per output (turns, then final), or is ``None`` when the file
+    has no stop flags.
+    """
+
+    texts: tuple[str, ...]
+    stopped: tuple[bool, ...] | None
+    prompt_tail: str
+    line: int
+
+
+@dataclass(frozen=True)
+class ReplaySource:
+    """A predictions file checked against a benchmark: one prediction per scenario in scope."""
+
+    path: Path
+    predictions: Mapping[str, ReplayPrediction]
+    stop_flags: str  # STOP_FLAGS_PRESENT or STOP_FLAGS_ABSENT
 
 
 def source_fingerprints(profile: Profile) -> dict[str, str | None]:
-    """Model, adapter and decoding fingerprints of the run being replayed (if it has metrics)."""
+    """Model, adapter and decoding fingerprints of the run being replayed (if it has metrics).
+
+    Another harness's file has no ``metrics.json`` beside it: its fingerprints are null.
+    """
     assert profile.predictions is not None
     metrics_path = profile.predictions.parent / METRICS
     fps: dict[str, Any] = {}
@@ -34,43 +102,196 @@ def source_fingerprints(profile: Profile) -> dict[str, str | None]:
     return {k: fps.get(k) for k in ("model", "adapter", "decoding")}
 
 
+class _LineProblem(Exception):
+    """One problem of one line; collected, then reported together."""
+
+
+def _flag(value: Any, field: str) -> bool | None:
+    """A stop flag: a boolean, or ``None`` when absent (a missing key or JSON null; a run
+    replayed from a file without flags writes null, so replaying that run again works)."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise _LineProblem(f"field {field!r} must be true, false or absent, got {value!r}")
+
+
+def _parse_line(
+    obj: Any, scenario: Scenario
+) -> tuple[tuple[str, ...], tuple[bool | None, ...], str]:
+    """Texts, stop flags (None where absent) and prompt tail of one line for ``scenario``."""
+    final = obj.get("final_pred")
+    if "final_pred" not in obj:
+        raise _LineProblem("missing field 'final_pred'")
+    if not isinstance(final, str):
+        raise _LineProblem(f"field 'final_pred' must be a string, got {final!r}")
+    turns = obj.get("turns")
+    if "turns" not in obj:
+        raise _LineProblem("missing field 'turns' (a list of {\"pred\": ...}, one per turn)")
+    if not isinstance(turns, list):
+        raise _LineProblem(f"field 'turns' must be a list, got {type(turns).__name__}")
+    expected = len(scenario.turn_indices)
+    if len(turns) != expected:
+        hint = (
+            " (does 'turns' include the final answer? it goes in 'final_pred')"
+            if len(turns) == expected + 1
+            else ""
+        )
+        raise _LineProblem(
+            f"field 'turns' has {len(turns)} turn prediction(s), but the scenario has "
+            f"{expected} assistant turn(s) before the final answer{hint}"
+        )
+    texts: list[str] = []
+    flags: list[bool | None] = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise _LineProblem(f"field 'turns[{i}]' must be an object with 'pred'")
+        if "pred" not in turn:
+            raise _LineProblem(f"missing field 'turns[{i}].pred'")
+        if not isinstance(turn["pred"], str):
+            raise _LineProblem(f"field 'turns[{i}].pred' must be a string, got {turn['pred']!r}")
+        texts.append(turn["pred"])
+        flags.append(_flag(turn.get("stopped"), f"turns[{i}].stopped"))
+    texts.append(final)
+    flags.append(_flag(obj.get("final_stopped"), "final_stopped"))
+    names = [f"turns[{i}].stopped" for i in range(len(turns))] + ["final_stopped"]
+    given = [n for n, f in zip(names, flags, strict=True) if f is not None]
+    if given and len(given) != len(names):
+        lacking = next(n for n, f in zip(names, flags, strict=True) if f is None)
+        raise _LineProblem(
+            f"field {lacking!r} is missing while {given[0]!r} is given: a line carries the "
+            "stop flags of all its outputs or of none"
+        )
+    tail = obj.get("prompt_tail")
+    return tuple(texts), tuple(flags), tail if isinstance(tail, str) else ""
+
+
+def load_replay_source(
+    path: Path, benchmark: Benchmark, scope_ids: Sequence[str]
+) -> ReplaySource:
+    """Read and check a predictions file against ``benchmark``; raise :class:`ReplayError`.
+
+    Refused (one error listing the first problems, each with file, line, scenario and
+    field): an unreadable or malformed line, a line without ``id``, an id the benchmark does
+    not have, an id given twice, a missing or mistyped ``final_pred``/``turns``/``pred``, a
+    number of turn predictions other than the scenario's assistant turns, stop flags on some
+    outputs (or lines) but not others, and a scenario in ``scope_ids`` without a line.
+    """
+    by_id = benchmark.by_id()
+    problems: list[str] = []
+    predictions: dict[str, ReplayPrediction] = {}
+    first_line: dict[str, int] = {}
+    # (line, id) of the first line with stop flags and of the first without.
+    with_flags: tuple[int, str] | None = None
+    without_flags: tuple[int, str] | None = None
+    unidentified = 0  # lines without a readable id
+    try:
+        with path.open(encoding="utf-8") as fh:
+            lines = list(enumerate(fh, start=1))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReplayError(f"{path}: cannot read the predictions file ({exc})") from None
+    for lineno, line in lines:
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{where}: malformed JSON ({exc.msg}, column {exc.colno})")
+            unidentified += 1
+            continue
+        if isinstance(obj, dict) and JOURNAL_HEADER_KEY in obj:
+            continue  # a journal's header line: replaying a journal is allowed
+        if not isinstance(obj, dict):
+            problems.append(f"{where}: not a JSON object (a prediction line is {{\"id\": ...}})")
+            unidentified += 1
+            continue
+        sid = obj.get("id")
+        if "id" not in obj:
+            problems.append(f"{where}: missing field 'id'")
+            unidentified += 1
+            continue
+        if not isinstance(sid, str):
+            problems.append(f"{where}: field 'id' must be a string, got {sid!r}")
+            unidentified += 1
+            continue
+        where = f"{where}: scenario {sid!r}"
+        scenario = by_id.get(sid)
+        if scenario is None:
+            problems.append(f"{where}: field 'id': no such scenario in {benchmark.source}")
+            continue
+        if sid in first_line:
+            problems.append(
+                f"{where}: field 'id': the scenario appears twice (first on line "
+                f"{first_line[sid]})"
+            )
+            continue
+        first_line[sid] = lineno
+        try:
+            texts, flags, tail = _parse_line(obj, scenario)
+        except _LineProblem as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        has_flags = flags[-1] is not None
+        if has_flags and with_flags is None:
+            with_flags = (lineno, sid)
+        if not has_flags and without_flags is None:
+            without_flags = (lineno, sid)
+        stopped = tuple(bool(f) for f in flags) if has_flags else None
+        predictions[sid] = ReplayPrediction(texts, stopped, tail, lineno)
+    if with_flags is not None and without_flags is not None:
+        later, earlier = sorted([with_flags, without_flags], reverse=True)
+        has = "has" if later == with_flags else "has no"
+        problems.append(
+            f"{path}:{later[0]}: scenario {later[1]!r}: field 'final_stopped': this line {has} "
+            f"stop flags, line {earlier[0]} (scenario {earlier[1]!r}) does the opposite; a "
+            "predictions file carries stop flags on every line or on none (two harnesses' "
+            "files concatenated?)"
+        )
+    lacking = [sid for sid in scope_ids if sid not in first_line]
+    # A line whose id could not be read may be the missing scenario's: report it alone.
+    if lacking and not unidentified:
+        shown = ", ".join(repr(s) for s in lacking[:_SHOW])
+        more = f" ... (+{len(lacking) - _SHOW} more)" if len(lacking) > _SHOW else ""
+        problems.append(
+            f"{path}: no line for {len(lacking)} scenario(s) of the benchmark "
+            f"({benchmark.source}): {shown}{more}"
+        )
+    if problems:
+        more = (
+            f"\n  ... and {len(problems) - _SHOW} more problem(s) in {path}"
+            if len(problems) > _SHOW
+            else ""
+        )
+        raise ReplayError(
+            f"cannot replay {path}: {len(problems)} problem(s):\n  "
+            + "\n  ".join(problems[:_SHOW])
+            + more
+        )
+    flags_kind = STOP_FLAGS_ABSENT if without_flags is not None else STOP_FLAGS_PRESENT
+    return ReplaySource(path, predictions, flags_kind)
+
+
 class ReplayDecoder:
-    """Serves each scenario's stored outputs as its rollout."""
+    """Serves each scenario's stored outputs as its rollout (the file was checked already)."""
 
     path = "replay"
 
-    def __init__(self, profile: Profile) -> None:
-        assert profile.predictions is not None
-        self.source: Path = profile.predictions
-        self._records: dict[str, dict[str, Any]] = {}
-        try:
-            for record in read_predictions(self.source):
-                self._records[record["id"]] = record
-        except (OSError, ValueError) as exc:
-            raise BenchmarkError(f"replay source {self.source}: {exc}") from None
+    def __init__(self, source: ReplaySource) -> None:
+        self.source = source
 
     def rollout(self, scenario: Scenario) -> Rollout:
-        record = self._records.get(scenario.id)
-        if record is None:
-            raise BenchmarkError(f"{self.source}: no prediction for scenario {scenario.id!r}")
-        turns = record["turns"]
-        if len(turns) != len(scenario.turn_indices):
-            raise BenchmarkError(
-                f"{self.source}: scenario {scenario.id!r} has {len(turns)} predicted turns but "
-                f"the benchmark has {len(scenario.turn_indices)}"
-            )
-        # A missing stop flag is an error, not "stopped": assuming it would turn a cut-off
-        # output (a parse failure) into a scored answer.
-        try:
-            outputs = [TurnOutput(t["pred"], bool(t["stopped"]), generated=False) for t in turns]
-            outputs.append(
-                TurnOutput(record["final_pred"], bool(record["final_stopped"]), generated=False)
-            )
-        except KeyError as exc:
-            raise BenchmarkError(
-                f"{self.source}: scenario {scenario.id!r} lacks field {exc.args[0]!r}"
-            ) from None
-        return Rollout(tuple(outputs), self.path, record.get("prompt_tail", ""))
+        pred = self.source.predictions.get(scenario.id)
+        if pred is None:  # out of the scope the file was checked for: a harness bug
+            raise BenchmarkError(f"{self.source.path}: no prediction for scenario {scenario.id!r}")
+        # Without stop flags the other harness decided where each output ended: stopped is
+        # unknown (None), which scores as ended and records null, never a claimed True.
+        flags: Sequence[bool | None] = (
+            pred.stopped if pred.stopped is not None else [None] * len(pred.texts)
+        )
+        outputs = tuple(
+            TurnOutput(text, flag, generated=False)
+            for text, flag in zip(pred.texts, flags, strict=True)
+        )
+        return Rollout(outputs, self.path, pred.prompt_tail)
 
     def prefetch(self, scenarios: Sequence[Scenario]) -> None:
         """Everything is in memory already."""
