@@ -70,10 +70,15 @@ def recount_file(path: Path) -> dict[str, Any]:
         },
         "unaligned": unaligned,
         "parse_fail": {"final": pf_final, "turns": pf_turns},
-        "stop_flags": (
-            "absent" if without_flags and not with_flags else "mixed" if without_flags else "present"
-        ),
+        "stop_flags": _stop_flags(with_flags, without_flags),
     }
+
+
+def _stop_flags(with_flags: int, without_flags: int) -> str:
+    """``present``, ``absent`` or ``mixed``: records with and without ``final_stopped``."""
+    if not without_flags:
+        return "present"
+    return "mixed" if with_flags else "absent"
 
 
 def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[str]:

@@ -113,7 +113,8 @@ def test_old_harness_predictions_replay_to_a_complete_recounted_run(
     records = memeval_project.predictions("legacy")
     assert [r["id"] for r in records] == ["s0002", "s0003", "s0004"]
     assert all(r["final_stopped"] is None and r["decode"] == "replay" for r in records)
-    assert all(t["stopped"] is None and t["generated"] is False for r in records for t in r["turns"])
+    turns = [t for r in records for t in r["turns"]]
+    assert all(t["stopped"] is None and t["generated"] is False for t in turns)
     assert records[2]["turns"][6]["parse_fail"] is True
     assert records[2]["final_gt"] == "counter" and records[1]["final_gt"] == "cabinet_right"
 

@@ -164,9 +164,7 @@ def _parse_line(
     return tuple(texts), tuple(flags), tail if isinstance(tail, str) else ""
 
 
-def load_replay_source(
-    path: Path, benchmark: Benchmark, scope_ids: Sequence[str]
-) -> ReplaySource:
+def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str]) -> ReplaySource:
     """Read and check a predictions file against ``benchmark``; raise :class:`ReplayError`.
 
     Refused (one error listing the first problems, each with file, line, scenario and
@@ -201,7 +199,7 @@ def load_replay_source(
         if isinstance(obj, dict) and JOURNAL_HEADER_KEY in obj:
             continue  # a journal's header line: replaying a journal is allowed
         if not isinstance(obj, dict):
-            problems.append(f"{where}: not a JSON object (a prediction line is {{\"id\": ...}})")
+            problems.append(f'{where}: not a JSON object (a prediction line is {{"id": ...}})')
             unidentified += 1
             continue
         sid = obj.get("id")
@@ -220,8 +218,7 @@ def load_replay_source(
             continue
         if sid in first_line:
             problems.append(
-                f"{where}: field 'id': the scenario appears twice (first on line "
-                f"{first_line[sid]})"
+                f"{where}: field 'id': the scenario appears twice (first on line {first_line[sid]})"
             )
             continue
         first_line[sid] = lineno
