@@ -22,9 +22,10 @@ from pytest_memeval.benchmark import from_records
 from pytest_memeval.compare import compare_runs, load_run
 from pytest_memeval.decode.replay import ReplayError, load_replay_source
 from pytest_memeval.merge import merge_shards
-from pytest_memeval.recount import recount_run
+from pytest_memeval.recount import RecountError, recount_run
 
 from .conftest import MemevalProject, demo_records
+from .runfactory import make_record, write_run
 
 #: Demo scenarios s0002 (aligned, 9 turns), s0003 (unaligned: 6 turns, 7 chain entries) and
 #: s0004 (aligned, 12 turns), as the old harness wrote them, by hand. Against the memory
@@ -313,3 +314,27 @@ def test_load_replay_source_checks_every_line_and_counts_the_problems(tmp_path: 
     assert text.startswith(f"cannot replay {path}: 3 problem(s):"), text
     for line, sid in enumerate(["s0002", "s0003", "s0004"], start=1):
         assert f"{path}:{line}: scenario {sid!r}: field 'final_pred' must be a string" in text
+
+
+def test_recount_checks_stop_flags_and_reads_older_metrics(tmp_path: Path) -> None:
+    records = [make_record(f"s{i}", i, final_match=True) for i in range(3)]
+    run = write_run(tmp_path / "run", records, ckpt="old")
+    metrics_path = run / "metrics.json"
+    metrics = json.loads(metrics_path.read_text("utf-8"))
+    assert metrics["stop_flags"] == "present"
+    # Metrics written before the field existed: every run then had stop flags.
+    del metrics["stop_flags"]
+    metrics_path.write_text(json.dumps(metrics), "utf-8")
+    assert recount_run(run)["stop_flags"] == "present"
+    # A claim the records do not bear out is a recount failure naming the field.
+    metrics_path.write_text(json.dumps({**metrics, "stop_flags": "absent"}), "utf-8")
+    with pytest.raises(RecountError, match="stop_flags: metrics say 'absent', recount gives"):
+        recount_run(run)
+    # Records without flags (null, as a flagless replay writes them): absent, or mixed.
+    for rec in records:
+        rec["final_stopped"] = None
+        for turn in rec["turns"]:
+            turn["stopped"] = None
+    assert recount_run(write_run(tmp_path / "absent", records, ckpt="a"))["stop_flags"] == "absent"
+    records[0]["final_stopped"] = True
+    assert recount_run(write_run(tmp_path / "mixed", records, ckpt="m"))["stop_flags"] == "mixed"
