@@ -21,8 +21,8 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from .ids import IdMap, param_id

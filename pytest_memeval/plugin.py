@@ -33,6 +33,8 @@ DECODE_PATHS = ("fast", "reference")
 # are plugin modules of their own, loaded with this one.
 pytest_plugins = [
     "pytest_memeval.gate",
+    # Wrong answers shown one line each by default (pytest's -v, --tb, -rA give full reports).
+    "pytest_memeval.failures",
     "pytest_memeval.html_extras",
     # One device per xdist worker; its early hooks bind before anything touches CUDA.
     "pytest_memeval.device_binding",

@@ -34,7 +34,9 @@ from hypothesis import strategies as st
 from pytest_memeval.cli import main
 from pytest_memeval.ids import IdMap, item_name, param_id
 
-from .conftest import EVAL_MODULE, demo_records, write_jsonl
+from .conftest import EVAL_MODULE, write_jsonl
+from .replayfactory import benchmark_with_ids as _benchmark
+from .replayfactory import replay_prediction as _prediction
 
 #: Ids every example carries (the issue's and a user smoke test's), besides generated ones.
 HARD_IDS = (
@@ -56,26 +58,6 @@ HARD_IDS = (
 scenario_ids = st.text(
     alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=200
 ).filter(lambda s: s.strip() != "")
-
-
-def _benchmark(ids: Sequence[str]) -> list[dict[str, Any]]:
-    records = demo_records("oracle", len(ids))
-    assert len(records) == len(ids)
-    for record, sid in zip(records, ids, strict=True):
-        record["id"] = sid
-    return records
-
-
-def _prediction(record: dict[str, Any], *, right: bool) -> dict[str, Any]:
-    """A replayable prediction: turns are the assistant messages, the final right or not."""
-    assistant = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-    final = assistant[-1] if right else "nowhere_at_all"
-    return {
-        "id": record["id"],
-        "final_pred": final,
-        "final_stopped": True,
-        "turns": [{"pred": p, "stopped": True} for p in assistant[:-1]],
-    }
 
 
 def _junit(path: Path) -> dict[str, str]:
@@ -193,7 +175,7 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
     )
     assert set(items) == {keep}
 
-    # 5. Shards, then memeval merge: the merged run is the full benchmark, in order.
+    # 4. Shards, then memeval merge: the merged run is the full benchmark, in order.
     shards = [root / "shard1", root / "shard2"]
     for k, out in enumerate(shards, start=1):
         run(f"shard{k}", "--ckpt", "b", "--memeval-shard", f"{k}/2", f"--memeval-out={out}")
@@ -204,7 +186,7 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
     assert json.loads((run_b / "metrics.json").read_text("utf-8"))["complete"] is True
     assert _cli("recount", str(run_b))[0] == 0
 
-    # 6. --memeval-resume after a crash that left two records in the journal.
+    # 5. --memeval-resume after a crash that left two records in the journal.
     resumed = root / "resumed"
     resumed.mkdir()
     journal = (run_a / "journal.jsonl").read_text("utf-8").splitlines(keepends=True)
@@ -214,7 +196,7 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
     assert metrics["complete"] is True and metrics["scope"]["resumed"] == 2
     assert [r["id"] for r in _read_jsonl(resumed / "predictions.jsonl")] == list(ids)
 
-    # 7. --memeval-expect: the full run's failures are known, so nothing fails. The source is
+    # 6. --memeval-expect: the full run's failures are known, so nothing fails. The source is
     # the run directory under xdist, the file `memeval known-failures` writes without.
     known = root / "known.txt"
     assert _cli("known-failures", str(run_a), "-o", str(known))[0] == 0
@@ -225,7 +207,7 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
     assert "failed" not in items.values(), items
     assert {n for n, o in items.items() if o == "skipped"} >= failed
 
-    # 8. compare names the flipped scenario by its id; the report shows every id, escaped,
+    # 7. compare names the flipped scenario by its id; the report shows every id, escaped,
     # and links the flip to its row by the pytest id.
     code, text = _cli("compare", str(run_a), str(run_b), "--json")
     flips = json.loads(text)["flips"]
