@@ -66,9 +66,9 @@ def pytest_runtest_makereport(
         return
     from .evaluation import WrongAnswer
 
-    if call.excinfo.errisinstance(WrongAnswer):
-        report = outcome.get_result()
-        setattr(report, COMPACT_ATTR, call.excinfo.value.compact)
+    value = call.excinfo.value
+    if isinstance(value, WrongAnswer):
+        setattr(outcome.get_result(), COMPACT_ATTR, value.compact)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -100,10 +100,8 @@ class CompactWrongAnswers:
                 f"wrong answers: {len(wrong)} (one line each; -v or --memeval-failures=full "
                 "for full reports)",
             )
-            # One write per line is what made the full reports slow; join them.
-            tr.write(
-                "".join(f"FAILED {r.nodeid} - {getattr(r, COMPACT_ATTR)}\n" for r in wrong)
-            )
+            # One write for all the lines (thousands in a large eval).
+            tr.write("".join(f"FAILED {r.nodeid} - {getattr(r, COMPACT_ATTR)}\n" for r in wrong))
             yield
         finally:
             tr.stats["failed"] = failed
