@@ -119,3 +119,14 @@ def test_a_bad_mode_is_a_usage_error(pytester: pytest.Pytester, project: Path) -
     result = pytester.runpytest_subprocess("-o", "memeval_failures=terse", "--co")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*memeval_failures must be one of*terse*"])
+
+
+def test_k_matches_the_raw_id_too(pytester: pytest.Pytester, project: Path) -> None:
+    # The pytest id of "café 1" is a slug; the raw id is an item keyword, so -k café works.
+    result = pytester.runpytest_subprocess("--ckpt", "r", "-k", "café or Straße", "--co", "-q")
+    names = {line.split("::", 1)[1] for line in result.stdout.lines if "::" in line}
+    assert names == {
+        item_name(f, sid)
+        for sid in ("café 1", "Straße:3")
+        for f in ("test_final_query", "test_turns")
+    }
