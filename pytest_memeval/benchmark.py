@@ -21,8 +21,11 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from .ids import IdMap, param_id
 
 __all__ = [
     "ROLES",
@@ -224,6 +227,11 @@ class Benchmark:
     def by_id(self) -> dict[str, Scenario]:
         return {s.id: s for s in self.scenarios}
 
+    @cached_property
+    def id_map(self) -> IdMap:
+        """Scenario ids <-> pytest ids (unique: :func:`_collect` refused collisions)."""
+        return IdMap(self.ids)
+
 
 def fingerprint_records(lines: Iterable[str]) -> str:
     """SHA-256 over the canonical serialisation of the records, in order."""
@@ -236,6 +244,7 @@ def fingerprint_records(lines: Iterable[str]) -> str:
 def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
     scenarios: list[Scenario] = []
     seen: dict[str, str] = {}
+    pytest_ids: dict[str, tuple[str, str]] = {}
     digest = hashlib.sha256()
     for where, obj in items:
         scenario = parse_record(obj, where=where, index=len(scenarios))
@@ -245,6 +254,16 @@ def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
                 f"(first seen at {seen[scenario.id]})"
             )
         seen[scenario.id] = where
+        # Each scenario is a pytest item named by its pytest id (ids.param_id); two ids with
+        # one pytest id would be one item. Practically impossible (a 40-bit hash), but named.
+        pid = param_id(scenario.id)
+        if pid in pytest_ids:
+            first_id, first_where = pytest_ids[pid]
+            raise BenchmarkError(
+                f"{where}: scenario id {scenario.id!r} has the same pytest id {pid!r} as "
+                f"scenario {first_id!r} (at {first_where}); rename one of them"
+            )
+        pytest_ids[pid] = (scenario.id, where)
         digest.update(dump_record(scenario.to_record()).encode("utf-8"))
         scenarios.append(scenario)
     if not scenarios:

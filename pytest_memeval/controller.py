@@ -63,7 +63,7 @@ class MemevalController:
 
             config.pluginmanager.register(_XdistSelection(self), "memeval-xdist-selection")
             config.pluginmanager.register(
-                SchedulerPlugin(set(state.scope_ids)), "memeval-scheduler"
+                SchedulerPlugin(state.benchmark.id_map), "memeval-scheduler"
             )
 
     # -- collection: which scenarios this run selected -------------------------------------
@@ -77,12 +77,8 @@ class MemevalController:
 
     def note_collected(self, nodeids: list[str]) -> None:
         scope = set(self.state.scope_ids)
-        found = set()
-        for nodeid in nodeids:
-            if nodeid.endswith("]") and "[" in nodeid:
-                param = nodeid[nodeid.rindex("[") + 1 : -1]
-                if param in scope:
-                    found.add(param)
+        id_map = self.state.benchmark.id_map  # node ids hold pytest ids, not scenario ids
+        found = {sid for nodeid in nodeids if (sid := id_map.scenario_of(nodeid)) in scope}
         self.selected = found if self.selected is None else self.selected | found
 
     # -- records -------------------------------------------------------------------------

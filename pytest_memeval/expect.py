@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .ids import item_name
 from .recount import RecountError, recount_run
 from .rundir import PREDICTIONS, read_predictions
 
@@ -39,13 +40,17 @@ class ExpectError(ValueError):
 
 
 def failed_items(records: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Names of the standard eval items that failed, in record order."""
+    """Names of the standard eval items that failed, in record order.
+
+    Names hold pytest ids (:func:`.ids.item_name`), as pytest names the items: a scenario id
+    such as ``café #1`` would not survive a text file with ``#`` comments, nor match.
+    """
     names: list[str] = []
     for rec in records:
         if rec["final_match"] is not True:
-            names.append(f"test_final_query[{rec['id']}]")
+            names.append(item_name("test_final_query", rec["id"]))
         if rec["aligned"] is True and any(t["match"] is False for t in rec["turns"]):
-            names.append(f"test_turns[{rec['id']}]")
+            names.append(item_name("test_turns", rec["id"]))
     return names
 
 

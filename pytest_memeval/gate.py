@@ -398,13 +398,14 @@ class ExpectMarker:
         self.marked = 0
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        from .ids import item_name
         from .worker import scenario_param
 
         for item in items:
             sid = scenario_param(item)
             if sid is None:
                 continue
-            name = f"{getattr(item, 'originalname', item.name)}[{sid}]"
+            name = item_name(getattr(item, "originalname", item.name), sid)
             if name in self.names:
                 item.add_marker(
                     pytest.mark.xfail(reason=f"known failure (in {self.source})", strict=False)

@@ -19,6 +19,7 @@ import pytest
 
 from . import hookspecs
 from .benchmark import Benchmark, BenchmarkError, from_records, load_jsonl
+from .ids import param_id
 from .model import CheckpointError, check_adapter_dir, check_model_dir, fingerprint_dir
 from .profiles import Profile, ProfileError, resolve_profile
 from .state import STATE_KEY, MemevalState, is_worker, workerinput
@@ -34,6 +35,8 @@ REPLAY_SOURCE = "replay_source"
 # are plugin modules of their own, loaded with this one.
 pytest_plugins = [
     "pytest_memeval.gate",
+    # Wrong answers shown one line each by default (pytest's -v, --tb, -rA give full reports).
+    "pytest_memeval.failures",
     "pytest_memeval.html_extras",
     # One device per xdist worker; its early hooks bind before anything touches CUDA.
     "pytest_memeval.device_binding",
@@ -307,8 +310,24 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     # The mark goes on each param: a mark added to the definition does not reach the items.
     eval_mark = pytest.mark.memeval_eval
-    params = [pytest.param(sid, id=sid, marks=eval_mark) for sid in state.scope_ids]
+    # The id is ids.param_id(sid): safe in node ids, -k, --deselect, --lf and JUnit for
+    # any scenario id (pytest would escape non-ASCII; "::" and brackets break node ids).
+    params = [pytest.param(sid, id=param_id(sid), marks=eval_mark) for sid in state.scope_ids]
     metafunc.parametrize("memeval_scenario", params, indirect=True)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Let ``-k`` match an eval item by its scenario id as well as by its pytest id.
+
+    ``-k`` matches substrings of an item's names and extra keywords; the pytest id of an odd
+    scenario id is a slug (``cafe_1-<hash>``), so the raw id is added too: ``-k café``
+    selects ``café 1`` (``-k`` names cannot hold spaces, quotes or ``#``; see README).
+    """
+    from .worker import scenario_param
+
+    sid = scenario_param(item)
+    if sid is not None and sid != item.name:
+        item.extra_keyword_matches.add(sid)
 
 
 def default_decoder(config: pytest.Config, profile: Profile, path: str, device: str) -> Decoder:

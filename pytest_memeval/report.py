@@ -33,6 +33,7 @@ from .compare import (
     load_run,
     run_summary,
 )
+from .ids import param_id
 from .stats import rate_with_ci
 
 if TYPE_CHECKING:
@@ -392,7 +393,7 @@ def _flips(result: Mapping[str, Any]) -> str:
             return "<p class='na'>none</p>"
         return (
             "<ul>"
-            + "".join(f"<li><a href='#s-{escape(i)}'>{escape(i)}</a></li>" for i in ids)
+            + "".join(f"<li><a href='#s-{param_id(i)}'>{escape(i)}</a></li>" for i in ids)
             + "</ul>"
         )
 
@@ -473,7 +474,9 @@ def _scenario_table(runs: Sequence[RunData], result: Mapping[str, Any]) -> str:
         )
         finals = "".join(_final_cell(rec) for rec in recs)
         rows.append(
-            f"<tr class='{' '.join(classes)}' id='s-{escape(sid)}'>"
+            # The anchor is the pytest id: an HTML id and a URL fragment must hold no spaces
+            # (and "#", "%" would need escaping); the pytest id is ASCII [A-Za-z0-9_.+-].
+            f"<tr class='{' '.join(classes)}' id='s-{param_id(sid)}'>"
             f"<td><b>{escape(sid)}</b><br><small class='na'>{escape(structure)}</small></td>"
             f"<td class='truth'><span class='txt'>{escape(str(rec_a.get('final_gt')))}</span></td>"
             f"{finals}"

@@ -12,15 +12,17 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
+from .ids import IdMap
+
 __all__ = ["ScenarioScheduling", "SchedulerPlugin"]
 
 
 class ScenarioScheduling(LoadScopeScheduling):  # type: ignore[misc]
-    """Groups eval items (ids in ``scenario_ids``) by scenario; other items by module."""
+    """Groups eval items (scenarios of ``id_map``) by scenario; other items by module."""
 
-    def __init__(self, config: pytest.Config, log: Any, scenario_ids: set[str]) -> None:
+    def __init__(self, config: pytest.Config, log: Any, id_map: IdMap) -> None:
         super().__init__(config, log)
-        self.scenario_ids = scenario_ids
+        self.id_map = id_map
 
     # -- worker crashes (a scenario that kills its worker, an OOM kill) ----------------------
     #
@@ -57,21 +59,20 @@ class ScenarioScheduling(LoadScopeScheduling):  # type: ignore[misc]
         super()._reschedule(node)
 
     def _split_scope(self, nodeid: str) -> str:
-        if nodeid.endswith("]") and "[" in nodeid:
-            param = nodeid[nodeid.rindex("[") + 1 : -1]
-            if param in self.scenario_ids:
-                return f"memeval-scenario::{param}"
+        sid = self.id_map.scenario_of(nodeid)
+        if sid is not None:
+            return f"memeval-scenario::{sid}"
         return nodeid.split("::", 1)[0]
 
 
 class SchedulerPlugin:
     """Registered on the controller only when xdist is active and ``--dist`` is ``load``."""
 
-    def __init__(self, scenario_ids: set[str]) -> None:
-        self.scenario_ids = scenario_ids
+    def __init__(self, id_map: IdMap) -> None:
+        self.id_map = id_map
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         if config.getoption("dist", None) != "load":
             return None  # the user chose a strategy explicitly; respect it
-        return ScenarioScheduling(config, log, self.scenario_ids)
+        return ScenarioScheduling(config, log, self.id_map)
