@@ -187,6 +187,8 @@ class MemevalController:
                 "wall_s": round(wall, 3),
                 "scenarios_per_s": round(len(done) / wall, 3) if wall > 0 else None,
             },
+            # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
+            overrides=self.state.extra.get("overrides", {}),
         )
         write_json(self.run_dir / METRICS, metrics)
         self.metrics = metrics
@@ -226,6 +228,10 @@ class MemevalController:
         if not m:
             return
         tr.line(format_summary(m))
+        if m.get("overrides"):
+            from .plugin import describe_overrides
+
+            tr.line(f"overridden on the command line: {describe_overrides(m['overrides'])}")
         if m["missing"]:
             shown = ", ".join(m["missing"][:10]) + (" ..." if len(m["missing"]) > 10 else "")
             tr.line(
