@@ -73,25 +73,24 @@ def describe_load_failure(
     text = str(exc)
     head = f"pytest-memeval: {where + ' ' if where else ''}could not load {what} on {device}"
     stopped = "The run was stopped before any scenario ran; nothing was written."
-    if "Torch not compiled with CUDA" in text or (
-        device.startswith("cuda") and _torch_without_cuda()
-    ):
-        return USAGE, (
-            f"{head}: this torch build has no CUDA support ({_torch_version()}). Install a "
-            f"CUDA build of torch, or run on the CPU with --memeval-gpus cpu. {stopped}"
-        )
-    if "invalid device ordinal" in text or "no CUDA-capable device" in text or (
-        "CUDA" in text and "no kernel image" not in text and "available" in text
-    ):
-        return USAGE, (
-            f"{head}: the GPU is not usable here ({_first_line(exc)}). Check the ids given to "
-            f"--memeval-gpus (or CUDA_VISIBLE_DEVICES) against nvidia-smi -L. {stopped}"
-        )
+    no_cuda = (
+        f"{head}: this torch build has no CUDA support ({_torch_version()}). Install a "
+        f"CUDA build of torch, or run on the CPU with --memeval-gpus cpu. {stopped}"
+    )
+    if "Torch not compiled with CUDA" in text:
+        return USAGE, no_cuda
     if "OutOfMemoryError" in name or "out of memory" in text.lower():
         return USAGE, (
             f"{head}: out of memory ({_first_line(exc)}). Free the GPU, allow fewer workers "
             "per GPU (--memeval-workers-per-gpu), or use a smaller dtype "
             f"(--memeval-set generation.dtype=bfloat16). {stopped}"
+        )
+    if any(
+        s in text for s in ("invalid device ordinal", "No CUDA GPUs are available", "no CUDA")
+    ):
+        return USAGE, (
+            f"{head}: the GPU is not usable here ({_first_line(exc)}). Check the ids given to "
+            f"--memeval-gpus (or CUDA_VISIBLE_DEVICES) against nvidia-smi -L. {stopped}"
         )
     if isinstance(exc, CheckpointError | BenchmarkError):
         return USAGE, f"{head}: {text.strip()}. {stopped}"
@@ -101,6 +100,8 @@ def describe_load_failure(
             "weight file broken or incompletely copied? Check the profile's model/adapter "
             f"directories (or --memeval-model/--memeval-adapter). {stopped}"
         )
+    if device.startswith("cuda") and _torch_without_cuda():
+        return USAGE, no_cuda
     return INTERNAL, (
         f"{head}: unexpected {name}: {_first_line(exc)}. This is an internal error (of "
         f"pytest-memeval or of a plugin's pytest_memeval_make_decoder). {stopped}"
