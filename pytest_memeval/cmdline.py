@@ -151,9 +151,7 @@ def _apply_setup(
 
     new_addopts = [str(a) for a in config.getini("addopts")] if with_addopts else []
     args[:] = new_addopts + base
-    config.known_args_namespace = parser.parse_known_args(
-        args, namespace=copy.copy(config.option)
-    )
+    config.known_args_namespace = parser.parse_known_args(args, namespace=copy.copy(config.option))
     if ns_confcutdir is None:
         config.known_args_namespace.confcutdir = str(
             inipath.parent if inipath is not None else rootpath

@@ -10,9 +10,10 @@ broken weight file) fails every item with the same traceback. Here:
   has selected eval items. A failure becomes one message saying what failed where and what
   to do (:func:`describe_load_failure`), raised as a usage error (exit status 4) or, for an
   unexpected exception, an internal error (exit status 3).
-* In a worker both are raised as :class:`pytest.UsageError` subclasses, the one kind of
-  exception that leaves an xdist worker's start-up cleanly (others are turned into an
-  ``internal_error`` event and a worker that "was not properly terminated"). The controller's
+* In a worker both are raised as :class:`pytest.UsageError` (an internal one tagged with
+  :data:`INTERNAL_TAG`), the one kind of exception that leaves an xdist worker's start-up
+  cleanly (others become an ``internal_error`` event and a worker that "was not properly
+  terminated"). The controller's
   :class:`StartupWatch` sees the worker go down before it finished collecting, reads the
   worker's own message from the error xdist hands over, and stops the whole run with it:
   no replacement workers, no item reports, and the run directory left as it was (the
@@ -32,10 +33,9 @@ if TYPE_CHECKING:
     from .worker import MemevalWorker
 
 __all__ = [
+    "INTERNAL_TAG",
     "EarlyLoad",
     "StartupWatch",
-    "WorkerInternalError",
-    "WorkerUsageError",
     "describe_load_failure",
     "parse_worker_error",
 ]
@@ -44,13 +44,11 @@ USAGE = 4
 INTERNAL = 3
 
 
-class WorkerUsageError(pytest.UsageError):
-    """A worker could not start because of the user's input or machine (exit status 4)."""
-
-
-class WorkerInternalError(pytest.UsageError):
-    """A worker could not start for an unexpected reason (exit status 3). A UsageError
-    subclass only so that it leaves the worker's start-up the way a usage error does."""
+#: Marks a worker's start-up message as an internal error (exit status 3, not 4). Both kinds
+#: leave the worker as a pytest.UsageError: the one exception that ends an xdist worker's
+#: start-up cleanly (others become an ``internal_error`` event and a worker "not properly
+#: terminated"), and a final class, so the kind rides in the message.
+INTERNAL_TAG = "[internal error] "
 
 
 def _first_line(exc: BaseException) -> str:
@@ -63,8 +61,8 @@ def describe_load_failure(
 ) -> tuple[int, str]:
     """Exit status and the one message for a decoder that could not be built.
 
-    ``where`` names the process (``worker gw0``; empty without xdist), ``what`` the checkpoint, ``device`` the
-    device it was loaded on (``cuda:0 (physical 3)``, ``cpu (2 threads)``).
+    ``where`` names the process (``worker gw0``; empty without xdist), ``what`` the
+    checkpoint, ``device`` the device it was loaded on (``cuda:0 (physical 3)``, ``cpu``).
     """
     from .benchmark import BenchmarkError
     from .model import CheckpointError
@@ -85,9 +83,7 @@ def describe_load_failure(
             "per GPU (--memeval-workers-per-gpu), or use a smaller dtype "
             f"(--memeval-set generation.dtype=bfloat16). {stopped}"
         )
-    if any(
-        s in text for s in ("invalid device ordinal", "No CUDA GPUs are available", "no CUDA")
-    ):
+    if any(s in text for s in ("invalid device ordinal", "No CUDA GPUs are available", "no CUDA")):
         return USAGE, (
             f"{head}: the GPU is not usable here ({_first_line(exc)}). Check the ids given to "
             f"--memeval-gpus (or CUDA_VISIBLE_DEVICES) against nvidia-smi -L. {stopped}"
@@ -172,27 +168,21 @@ class EarlyLoad:
         )
         self.state.extra["startup_failure"] = message
         if is_worker(self.config):
-            raise (WorkerUsageError if status == USAGE else WorkerInternalError)(message)
+            raise pytest.UsageError(message if status == USAGE else INTERNAL_TAG + message)
         if status == USAGE:
             raise pytest.UsageError(message)
         pytest.exit(message, returncode=INTERNAL)
 
 
-_OURS = re.compile(r"^[\w.]*\b(WorkerUsageError|WorkerInternalError): ", re.MULTILINE)
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?:: (.*))?$")
 
 
 def parse_worker_error(error: object) -> tuple[int, str]:
     """Exit status and message of a worker that went down at start-up, from the error text
-    xdist hands over (the worker's formatted traceback)."""
+    xdist hands over (the worker's formatted traceback): the exception line after the last
+    frame, and the lines of its message that follow."""
     text = str(error).rstrip()
-    found = list(_OURS.finditer(text))
-    if found:
-        last = found[-1]
-        status = USAGE if last.group(1) == "WorkerUsageError" else INTERNAL
-        return status, text[last.end() :].strip()
     lines = text.splitlines()
-    # The exception line: the last line at column 0 after the traceback's frames.
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]
         if not line or line[0].isspace() or line.startswith("Traceback"):
@@ -201,9 +191,12 @@ def parse_worker_error(error: object) -> tuple[int, str]:
         if match and (i == 0 or lines[i - 1].startswith(" ")):
             exc_name = match.group(1)
             message = "\n".join([match.group(2) or "", *lines[i + 1 :]]).strip() or exc_name
-            status = USAGE if exc_name.endswith("UsageError") else INTERNAL
-            return status, message if status == USAGE else f"{exc_name}: {message}"
-    return INTERNAL, text.splitlines()[-1] if text else "the worker went down"
+            if not exc_name.endswith("UsageError"):
+                return INTERNAL, f"{exc_name}: {message}"
+            if message.startswith(INTERNAL_TAG):
+                return INTERNAL, message[len(INTERNAL_TAG) :]
+            return USAGE, message
+    return INTERNAL, lines[-1] if lines else "the worker went down"
 
 
 class StartupWatch:

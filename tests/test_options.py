@@ -225,9 +225,7 @@ def test_adapter_override_changes_run_dir_and_fingerprint(
         "generation.max_new_tokens": {"value": "1", "profile": "16"},
     }
     run_dir = memeval_project.path / "runs" / run_dir_name("demo", overrides)
-    assert run_dir.name.startswith("demo@baseline-") and run_dir.name.endswith(
-        "@max_new_tokens-1"
-    )
+    assert run_dir.name.startswith("demo@baseline-") and run_dir.name.endswith("@max_new_tokens-1")
     m = _metrics(run_dir)
     assert m["overrides"] == overrides
     assert m["fingerprints"]["adapter"] == fingerprint_dir(other)
@@ -323,15 +321,18 @@ def test_parse_worker_error_takes_the_workers_own_message() -> None:
         """\
         Traceback (most recent call last):
           File "x.py", line 1, in <module>
-        pytest_memeval.startup.WorkerUsageError: pytest-memeval: worker gw0 could not load
+        pytest.UsageError: pytest-memeval: worker gw0 could not load
         model /m on cuda:0: out of memory"""
     )
     assert parse_worker_error(ours) == (
         4,
         "pytest-memeval: worker gw0 could not load\nmodel /m on cuda:0: out of memory",
     )
-    internal = ours.replace("WorkerUsageError", "WorkerInternalError")
-    assert parse_worker_error(internal)[0] == 3
+    internal = ours.replace("UsageError: ", "UsageError: [internal error] ")
+    assert parse_worker_error(internal) == (
+        3,
+        "pytest-memeval: worker gw0 could not load\nmodel /m on cuda:0: out of memory",
+    )
     generic = 'Traceback (most recent call last):\n  File "c.py"\npytest.UsageError: bad ini'
     assert parse_worker_error(generic) == (4, "bad ini")
     crash = 'Traceback (most recent call last):\n  File "c.py"\nImportError: no module x'
