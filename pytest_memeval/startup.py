@@ -5,17 +5,16 @@ replacement fails the same way) and the run ends with "0 scenarios (INCOMPLETE)"
 cannot be loaded (no CUDA in this torch build, a GPU id that does not exist, out of memory, a
 broken weight file) fails every item with the same traceback. Here:
 
-* Each process loads its decoder before any item runs (:class:`EarlyLoad`): an xdist worker
-  in ``pytest_sessionstart`` (before it reports ready), the single process once collection
-  has selected eval items. A failure becomes one message saying what failed where and what
-  to do (:func:`describe_load_failure`), raised as a usage error (exit status 4) or, for an
+* Each process loads its decoder before any item runs (:class:`EarlyLoad`), once collection
+  has selected eval items (an xdist worker: before it reports its collection). A failure
+  becomes one message saying what failed where and what to do
+  (:func:`describe_load_failure`), raised as a usage error (exit status 4) or, for an
   unexpected exception, an internal error (exit status 3).
-* In a worker both are raised as :class:`pytest.UsageError` (an internal one tagged with
-  :data:`INTERNAL_TAG`), the one kind of exception that leaves an xdist worker's start-up
-  cleanly (others become an ``internal_error`` event and a worker that "was not properly
-  terminated"). The controller's
-  :class:`StartupWatch` sees the worker go down before it finished collecting, reads the
-  worker's own message from the error xdist hands over, and stops the whole run with it:
+* In a worker the failure goes into ``workeroutput`` (plain data) and the worker's session
+  ends with a :class:`pytest.UsageError`. The controller's :class:`StartupWatch` reads it
+  when the worker goes down; a worker that went down before it finished collecting for any
+  other reason (a conftest or plugin failing at configure) is read from the error xdist
+  hands over (its traceback). Either way the whole run stops with that worker's message:
   no replacement workers, no item reports, and the run directory left as it was (the
   controller writes nothing when ``state.extra["startup_failure"]`` is set).
 """
@@ -49,6 +48,9 @@ INTERNAL = 3
 #: start-up cleanly (others become an ``internal_error`` event and a worker "not properly
 #: terminated"), and a final class, so the kind rides in the message.
 INTERNAL_TAG = "[internal error] "
+
+#: Where a worker puts its start-up failure for the controller (``config.workeroutput``).
+OUTPUT_KEY = "memeval_startup_failure"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -134,15 +136,10 @@ class EarlyLoad:
         return not (getattr(opt, "collectonly", False) or getattr(opt, "setupplan", False))
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        # An xdist worker: before it reports ready (so before it collects or runs anything).
-        if is_worker(self.config) and self._wanted():
-            self._load()
-
-    @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        # The single process: only when eval items were selected (-k may pick none).
-        if is_worker(self.config) or not self._wanted():
+        # Once collection (and -k/--deselect) has decided: only when eval items were selected.
+        # tryfirst: in an xdist worker, before it reports its collection to the controller.
+        if not self._wanted():
             return
         from .worker import scenario_param
 
@@ -168,6 +165,11 @@ class EarlyLoad:
         )
         self.state.extra["startup_failure"] = message
         if is_worker(self.config):
+            # The worker's session ends with this usage error and sends its workeroutput;
+            # the controller's StartupWatch reads the failure from there (plain data).
+            output = getattr(self.config, "workeroutput", None)
+            if isinstance(output, dict):
+                output[OUTPUT_KEY] = {"status": status, "message": message}
             raise pytest.UsageError(message if status == USAGE else INTERNAL_TAG + message)
         if status == USAGE:
             raise pytest.UsageError(message)
@@ -218,9 +220,17 @@ class StartupWatch:
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
         wid = self._id(node)
-        if error is None or wid in self.started or self.state.extra.get("startup_failure"):
+        if self.state.extra.get("startup_failure"):
             return
-        status, message = parse_worker_error(error)
+        output = getattr(node, "workeroutput", None)
+        reported = output.get(OUTPUT_KEY) if isinstance(output, dict) else None
+        if isinstance(reported, dict):
+            # Our own EarlyLoad failed in the worker and said so in its output.
+            status, message = int(reported["status"]), str(reported["message"])
+        elif error is None or wid in self.started:
+            return  # a clean finish, or a crash while running items (xdist handles those)
+        else:
+            status, message = parse_worker_error(error)
         if not message.startswith("pytest-memeval:"):
             message = f"worker {wid} failed to start: {message}"
         self.state.extra["startup_failure"] = message

@@ -143,6 +143,18 @@ def test_gpus_on_cpu_torch_stops_once(
     assert not (out / "predictions.jsonl").exists()
 
 
+@pytest.mark.skipif(_cuda_builtin(), reason="needs a torch build without CUDA")
+def test_no_model_load_when_no_eval_item_is_selected(memeval_project: MemevalProject) -> None:
+    """The model is loaded once eval items are selected; -k picking none loads nothing."""
+    memeval_project.write(n=N)
+    memeval_project.pytester.makepyfile(test_other="def test_other():\n    pass\n")
+    result = memeval_project.run(
+        "-n", "2", "--ckpt", "demo", "--memeval-gpus", "0,1", "-k", "test_other"
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:] + result.stderr.str()
+    result.stdout.fnmatch_lines(["*1 passed*"])
+
+
 def test_broken_weight_file_stops_once(
     memeval_project: MemevalProject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
