@@ -129,12 +129,20 @@ def _apply_setup(
     if missing:
         raise _CannotFix(f"this pytest has no {', '.join(missing)}")
     old_addopts = [str(a) for a in config.getini("addopts")]
-    if args == old_addopts + base:
+    given = [str(a) for a in args]
+    if given == old_addopts + base:
         with_addopts = True
-    elif args == base:
+    elif given == base:
         with_addopts = False
     else:
         raise _CannotFix("the argument list is not what pytest 9 builds")
+    plugin_args = [a for a in old_addopts if a.startswith("-p")]
+    if plugin_args:
+        # pytest has already blocked or loaded those plugins; that cannot be undone here.
+        raise _CannotFix(
+            f"the wrong config file {config.inipath} has addopts {' '.join(old_addopts)!r}, "
+            "which pytest already applied"
+        )
     old_pythonpath = [str(p) for p in config.getini("pythonpath")]
 
     ns_confcutdir = parser.parse_known_args(base, namespace=copy.copy(config.option)).confcutdir

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.cmdline import SETUP_NOTE_KEY
 from pytest_memeval.model import fingerprint_dir
 from pytest_memeval.plugin import run_dir_name
 from pytest_memeval.profiles import (
@@ -86,6 +87,60 @@ def test_path_options_either_spelling_with_existing_dirs(
     if workers == "2":
         assert {r["worker"] for r in records} <= {"gw0", "gw1"}
     assert not (memeval_project.path / "runs").exists()  # nothing went to the default place
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--memeval-out",
+        "--memeval-baseline",
+        "--memeval-expect",
+        "--memeval-model",
+        "--memeval-adapter",
+    ],
+)
+def test_every_path_option_keeps_the_projects_setup(
+    memeval_project: MemevalProject, tmp_path_factory: pytest.TempPathFactory, option: str
+) -> None:
+    """pytest's first pass takes an existing value of any path option for a test path. Worst
+    case: the value lies inside another project whose config file would win (here one with
+    its own addopts and ini values). The plugin puts the setup back on the user's project."""
+    memeval_project.write(n=N, ini='memeval_decode = "reference"\nmemeval_out = "results"')
+    foreign = tmp_path_factory.mktemp("training-repo")
+    (foreign / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = "--maxfail=7"\nmemeval_out = "elsewhere"\n',
+        "utf-8",
+    )
+    value = foreign / "out" / "checkpoint-500"
+    value.mkdir(parents=True)
+    config = memeval_project.pytester.parseconfig(option, str(value))
+    assert config.rootpath == memeval_project.path
+    assert config.inipath == memeval_project.path / "pyproject.toml"
+    assert config.getini("memeval_decode") == "reference"
+    assert config.getini("memeval_out") == "results"
+    assert config.getoption("maxfail") == 0  # the foreign addopts did not apply
+    assert not config.pluginmanager.has_plugin("cacheprovider")  # the project's did
+    assert config.args == [str(memeval_project.path)]  # the value is no test path
+    assert str(value) in (config.stash.get(SETUP_NOTE_KEY, None) or "")
+    # Written with '=' nothing needed correcting.
+    config = memeval_project.pytester.parseconfig(f"{option}={value}")
+    assert config.rootpath == memeval_project.path
+    assert config.stash.get(SETUP_NOTE_KEY, None) is None
+
+
+def test_uncorrectable_setup_is_one_clear_usage_error(
+    memeval_project: MemevalProject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A wrong config file whose addopts load or block plugins (``-p``) cannot be undone once
+    pytest applied it: say what happened and how to write the option instead."""
+    memeval_project.write(n=N)
+    foreign = tmp_path_factory.mktemp("other-repo")
+    (foreign / "pytest.ini").write_text("[pytest]\naddopts = -p no:xdist\n", "utf-8")
+    with pytest.raises(pytest.UsageError) as info:
+        memeval_project.pytester.parseconfig("--memeval-out", str(foreign))
+    message = str(info.value)
+    assert f"pytest took {foreign} for a test path" in message
+    assert "-p no:xdist" in message and "--memeval-out=DIR" in message
 
 
 def test_space_spelling_from_a_subdirectory_second_run(
@@ -246,6 +301,10 @@ def test_adapter_override_changes_run_dir_and_fingerprint(
     # The workers decoded with the overridden settings: one token never ends an answer.
     assert m["parse_fail"]["final"] == N
     assert "overridden on the command line: adapter" in text
+    # The adapter directory (inside this repo, below its pyproject.toml) was taken for a test
+    # path by pytest's first pass; the plugin put the rootdir back on the project.
+    assert f"rootdir: {memeval_project.path}" in text
+    assert "memeval: corrected pytest's setup" in text
     assert not memeval_project.run_dir("demo").exists()
 
 
