@@ -121,6 +121,11 @@ class MemevalController:
             # Nothing was evaluated on purpose: the run directory is not this session's.
             self.journal.close()
             return
+        if self.state.extra.get("startup_failure"):
+            # A worker (or this process) could not start or load the model: nothing was
+            # evaluated, and the run directory keeps whatever it held (startup.py).
+            self.journal.close()
+            return
         wall = time.time() - self.started
         scope = self.state.scope_ids
         selected = set(self.selected) if self.selected is not None else set(scope)
@@ -178,6 +183,8 @@ class MemevalController:
                 "wall_s": round(wall, 3),
                 "scenarios_per_s": round(len(done) / wall, 3) if wall > 0 else None,
             },
+            # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
+            overrides=self.state.extra.get("overrides", {}),
         )
         write_json(self.run_dir / METRICS, metrics)
         self.metrics = metrics
@@ -217,6 +224,10 @@ class MemevalController:
         if not m:
             return
         tr.line(format_summary(m))
+        if m.get("overrides"):
+            from .plugin import describe_overrides
+
+            tr.line(f"overridden on the command line: {describe_overrides(m['overrides'])}")
         if m["missing"]:
             shown = ", ".join(m["missing"][:10]) + (" ..." if len(m["missing"]) > 10 else "")
             tr.line(
@@ -300,6 +311,22 @@ class _XdistSelection:
         node.workerinput["memeval_benchmark_fingerprint"] = (
             self.controller.state.benchmark.fingerprint
         )
+        # The whole resolved profile (overrides applied) and the run settings: a worker must
+        # not re-derive them (its own rootdir/ini search can differ, see cmdline.py).
+        from .profiles import profile_to_plain
+
+        state = self.controller.state
+        wi = node.workerinput
+        wi["memeval_profile"] = profile_to_plain(state.profile)
+        wi["memeval_overrides"] = state.extra.get("overrides", {})
+        wi["memeval_run_dir"] = str(state.run_dir)
+        wi["memeval_decode_path"] = state.decode_path
+        spec = getattr(getattr(node, "gateway", None), "spec", None)
+        if spec is not None and getattr(spec, "popen", False) and not getattr(spec, "chdir", None):
+            # Same machine, same working directory: the worker must end up with our setup.
+            config = self.controller.config
+            wi["memeval_rootdir"] = str(config.rootpath)
+            wi["memeval_inifile"] = str(config.inipath) if config.inipath else None
         # Each worker deselects the same scenarios the controller resumed.
         resumed = self.controller.resumed
         if resumed is not None and resumed.offsets:

@@ -21,7 +21,13 @@ from . import hookspecs
 from .benchmark import Benchmark, BenchmarkError, from_records, load_jsonl
 from .ids import param_id
 from .model import CheckpointError, check_adapter_dir, check_model_dir, fingerprint_dir
-from .profiles import Profile, ProfileError, resolve_profile
+from .profiles import (
+    Profile,
+    ProfileError,
+    apply_overrides,
+    profile_from_plain,
+    resolve_profile,
+)
 from .state import STATE_KEY, MemevalState, is_worker, workerinput
 
 if TYPE_CHECKING:
@@ -38,6 +44,8 @@ pytest_plugins = [
     # Wrong answers shown one line each by default (pytest's -v, --tb, -rA give full reports).
     "pytest_memeval.failures",
     "pytest_memeval.html_extras",
+    # `--memeval-out DIR` written with a space: keep pytest's rootdir/config file right.
+    "pytest_memeval.cmdline",
     # One device per xdist worker; its early hooks bind before anything touches CUDA.
     "pytest_memeval.device_binding",
     # Byte guards: parametrizes @pytest.mark.memeval_guard items (model-free, no --ckpt).
@@ -107,6 +115,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="evaluate only shard K of N (1-based; contiguous slices in benchmark order, sizes "
         "differing by at most 1); the run goes to runs/<ckpt>/shard-K-of-N unless "
         "--memeval-out is given. Merge the N shard runs with 'memeval merge'.",
+    )
+    group.addoption(
+        "--memeval-model",
+        dest="memeval_model",
+        metavar="DIR",
+        default=None,
+        help="evaluate this base-model directory instead of the profile's 'model' (sweeps); "
+        "the run directory and the model fingerprint follow it",
+    )
+    group.addoption(
+        "--memeval-adapter",
+        dest="memeval_adapter",
+        metavar="DIR",
+        default=None,
+        help="evaluate this PEFT adapter directory instead of the profile's 'adapter' (e.g. "
+        "each checkpoint-N of a training run); the run goes to runs/<ckpt>@<adapter>-<hash>",
+    )
+    group.addoption(
+        "--memeval-set",
+        dest="memeval_set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one generation setting of the profile, e.g. generation.dtype=bfloat16 "
+        "(repeatable; keys: generation.max_new_tokens, generation.dtype, "
+        "generation.attn_implementation)",
     )
     parser.addini(
         "memeval_profiles",
@@ -183,21 +217,73 @@ def _fingerprints(profile: Profile, benchmark: Benchmark) -> dict[str, str | Non
     }
 
 
-def _build_state(config: pytest.Config, name: str) -> MemevalState:
-    profile = resolve_profile(name, profiles_file(config))
-    if profile.kind == "model":
-        assert profile.model is not None
-        check_model_dir(profile.model)
-        if profile.adapter is not None:
-            check_adapter_dir(profile.adapter)
-            from .checkpoint_checks import check_adapter_fits
+def _cli_path(config: pytest.Config, value: str | None) -> Path | None:
+    """A path given on the command line, relative to where pytest was started."""
+    if not value:
+        return None
+    return (config.invocation_params.dir / Path(value).expanduser()).resolve()
 
-            check_adapter_fits(profile.model, profile.adapter)
-    elif profile.predictions is not None and not profile.predictions.is_file():
-        raise ProfileError(
-            f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "
-            f"{profile.predictions}"
-        )
+
+def run_dir_name(name: str, overrides: Mapping[str, Mapping[str, str | None]]) -> str:
+    """The run directory name of profile ``name`` with command-line ``overrides``.
+
+    ``oracle`` without overrides; ``oracle@checkpoint-500-1a2b3c4d`` with ``--memeval-adapter
+    .../checkpoint-500`` (the hash of the absolute path keeps ``run-a/checkpoint-500`` and
+    ``run-b/checkpoint-500`` apart), ``oracle@model-base2-...@dtype-bfloat16`` and so on.
+    """
+    parts = [name]
+    for key in ("model", "adapter"):
+        if key in overrides:
+            value = str(overrides[key]["value"])
+            digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:8]
+            label = Path(value).name or "root"
+            parts.append(f"{'model-' if key == 'model' else ''}{label}-{digest}")
+    for key in sorted(k for k in overrides if k.startswith("generation.")):
+        value = str(overrides[key]["value"])
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in value)
+        parts.append(f"{key.split('.', 1)[1]}-{safe}")
+    return "@".join(parts)
+
+
+def _controller_profile(
+    config: pytest.Config, name: str
+) -> tuple[Profile, dict[str, dict[str, str | None]]]:
+    """Resolve ``--ckpt NAME`` from the profiles file and apply the command-line overrides.
+
+    Done once, in the controller (or the single process): xdist workers receive the result
+    in ``workerinput`` and never look for a profiles file themselves.
+    """
+    profile = resolve_profile(name, profiles_file(config))
+    return apply_overrides(
+        profile,
+        model=_cli_path(config, config.getoption("memeval_model")),
+        adapter=_cli_path(config, config.getoption("memeval_adapter")),
+        settings=list(config.getoption("memeval_set") or []),
+    )
+
+
+def _build_state(config: pytest.Config, name: str) -> MemevalState:
+    wi = workerinput(config)
+    handed = wi.get("memeval_profile") if wi is not None else None
+    if wi is not None and handed is not None:
+        # The controller resolved the profile (and its overrides) once: use exactly that.
+        profile = profile_from_plain(handed)
+        overrides = dict(wi.get("memeval_overrides", {}))
+    else:
+        profile, overrides = _controller_profile(config, name)
+        if profile.kind == "model":
+            assert profile.model is not None
+            check_model_dir(profile.model)
+            if profile.adapter is not None:
+                check_adapter_dir(profile.adapter)
+                from .checkpoint_checks import check_adapter_fits
+
+                check_adapter_fits(profile.model, profile.adapter)
+        elif profile.predictions is not None and not profile.predictions.is_file():
+            raise ProfileError(
+                f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "
+                f"{profile.predictions}"
+            )
     benchmark = load_benchmark(config, profile)
     scope_ids, shard = benchmark.ids, None
     if config.getoption("memeval_shard"):
@@ -216,13 +302,20 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
         assert profile.predictions is not None
         extra[REPLAY_SOURCE] = load_replay_source(profile.predictions, benchmark, scope_ids)
     out = config.getoption("memeval_out")
-    run_dir = Path(out).resolve() if out else config.rootpath / config.getini("memeval_out") / name
-    if shard is not None and not out:
-        run_dir = run_dir / shard_dir_name(*shard)
-    decode = config.getoption("memeval_decode") or config.getini("memeval_decode")
-    if decode not in DECODE_PATHS:
+    if wi is not None and wi.get("memeval_run_dir"):
+        run_dir = Path(wi["memeval_run_dir"])
+    elif out:
+        run_dir = _cli_path(config, out) or Path(out).resolve()
+    else:
+        run_dir = config.rootpath / config.getini("memeval_out") / run_dir_name(name, overrides)
+        if shard is not None:
+            run_dir = run_dir / shard_dir_name(*shard)
+    if wi is not None and wi.get("memeval_decode_path"):
+        decode = str(wi["memeval_decode_path"])
+    else:
+        decode = config.getoption("memeval_decode") or config.getini("memeval_decode")
+    if decode not in (*DECODE_PATHS, "replay"):
         raise pytest.UsageError(f"memeval_decode must be one of {DECODE_PATHS}, got {decode!r}")
-    wi = workerinput(config)
     if wi is not None and wi.get("memeval_benchmark_fingerprint") not in (
         None,
         benchmark.fingerprint,
@@ -236,7 +329,7 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
         if wi is not None
         else _fingerprints(profile, benchmark)
     )
-    return MemevalState(
+    state = MemevalState(
         profile=profile,
         benchmark=benchmark,
         scope_ids=scope_ids,
@@ -246,6 +339,8 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
         shard=shard,
         extra=extra,
     )
+    state.extra["overrides"] = overrides
+    return state
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -256,6 +351,11 @@ def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("memeval_ckpt")
     if not name:
         return
+    wi = workerinput(config)
+    if wi is not None and "memeval_rootdir" in wi:
+        from .cmdline import check_worker_setup
+
+        check_worker_setup(config, wi["memeval_rootdir"], wi.get("memeval_inifile"))
     try:
         state = _build_state(config, name)
     except (ProfileError, BenchmarkError, CheckpointError) as exc:
@@ -264,7 +364,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE_KEY] = state
     from .worker import MemevalWorker
 
-    config.pluginmanager.register(MemevalWorker(config, state), "memeval-worker")
+    worker = MemevalWorker(config, state)
+    config.pluginmanager.register(worker, "memeval-worker")
+    from .startup import EarlyLoad, StartupWatch
+
+    # The model is loaded before any item runs; a failure stops the run once (startup.py).
+    config.pluginmanager.register(EarlyLoad(config, worker, state), "memeval-early-load")
+    if not is_worker(config) and config.pluginmanager.has_plugin("xdist"):
+        config.pluginmanager.register(StartupWatch(state), "memeval-startup-watch")
     from .resume import register_worker_resume
 
     register_worker_resume(config)
@@ -275,22 +382,37 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    from .cmdline import setup_note
+
+    note = setup_note(config)
     state = config.stash.get(STATE_KEY, None)
     if state is None:
-        return ["memeval: no --ckpt given, eval items will be skipped"]
+        return ([note] if note else []) + ["memeval: no --ckpt given, eval items will be skipped"]
     p = state.profile
-    lines = [
+    lines = [note] if note else []
+    lines.append(
         f"memeval: ckpt {p.name} ({p.kind}), {len(state.scope_ids)} scenarios from "
-        f"{p.benchmark.describe()}, decode {state.decode_path}",
-    ]
+        f"{p.benchmark.describe()}, decode {state.decode_path}"
+    )
     if p.kind == "model":
         lines.append(f"memeval: model {p.model}, adapter {p.adapter or 'none'}")
+    overridden = describe_overrides(state.extra.get("overrides", {}))
+    if overridden:
+        lines.append(f"memeval: overridden on the command line: {overridden}")
     if state.shard is not None:
         from .sharding import describe_shard
 
         lines.append(describe_shard(state.benchmark.ids, state.shard))
     lines.append(f"memeval: run directory {state.run_dir}")
     return lines
+
+
+def describe_overrides(overrides: Mapping[str, Mapping[str, str | None]]) -> str:
+    """``adapter /x/checkpoint-500 (profile: /y/oracle), generation.dtype bfloat16 (...)``."""
+    return ", ".join(
+        f"{key} {part.get('value')} (profile: {part.get('profile') or 'none'})"
+        for key, part in overrides.items()
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +41,18 @@ __all__ = [
     "GenerationSettings",
     "Profile",
     "ProfileError",
+    "apply_overrides",
     "load_profiles",
     "memeval_table",
+    "profile_from_plain",
+    "profile_to_plain",
     "resolve_profile",
 ]
 
 _MODEL_KEYS = {"kind", "model", "adapter", "benchmark", "generation", "parse"}
 _REPLAY_KEYS = {"kind", "predictions", "benchmark", "parse"}
 _GENERATION_KEYS = {"max_new_tokens", "dtype", "attn_implementation"}
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ProfileError(ValueError):
@@ -207,8 +211,149 @@ def _generation(value: Any, where: str) -> GenerationSettings:
             f"(allowed: {sorted(_GENERATION_KEYS)})"
         )
     settings = GenerationSettings(**value)
-    if not isinstance(settings.max_new_tokens, int) or settings.max_new_tokens < 1:
+    if (
+        not isinstance(settings.max_new_tokens, int)
+        or isinstance(settings.max_new_tokens, bool)
+        or settings.max_new_tokens < 1
+    ):
         raise ProfileError(f"{where}: generation.max_new_tokens must be a positive integer")
-    if settings.dtype not in ("float32", "bfloat16", "float16"):
+    if settings.dtype not in _DTYPES:
         raise ProfileError(f"{where}: generation.dtype must be float32, bfloat16 or float16")
+    if not isinstance(settings.attn_implementation, str) or not settings.attn_implementation:
+        raise ProfileError(f"{where}: generation.attn_implementation must be a non-empty string")
     return settings
+
+
+# -- command-line overrides (sweeps) ---------------------------------------------------------
+
+#: Keys ``--memeval-set`` accepts, and how a command-line string becomes their value.
+SET_KEYS: dict[str, str] = {
+    "generation.max_new_tokens": "a positive integer",
+    "generation.dtype": "float32, bfloat16 or float16",
+    "generation.attn_implementation": "eager, sdpa, flash_attention_2, ...",
+}
+
+
+def _set_value(key: str, text: str) -> Any:
+    if key == "generation.max_new_tokens":
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise ProfileError(
+                f"--memeval-set {key}={text}: {text!r} is not a positive integer"
+            ) from None
+    return text.strip()
+
+
+def apply_overrides(
+    profile: Profile,
+    *,
+    model: Path | None = None,
+    adapter: Path | None = None,
+    settings: list[str] | None = None,
+) -> tuple[Profile, dict[str, dict[str, str | None]]]:
+    """``profile`` with the command line's overrides applied, and what was overridden.
+
+    ``settings`` are ``KEY=VALUE`` strings (``--memeval-set``); only :data:`SET_KEYS` are
+    accepted. The second value maps each overridden part (``adapter``, ``model``,
+    ``generation.dtype``...) to ``{"value": new, "profile": old}`` (as text, for metrics and
+    the summary). Unknown keys and bad values raise :class:`ProfileError` naming them.
+    """
+    overrides: dict[str, dict[str, str | None]] = {}
+    if model is None and adapter is None and not settings:
+        return profile, overrides
+    if profile.kind != "model":
+        given = [
+            opt
+            for opt, val in (
+                ("--memeval-model", model),
+                ("--memeval-adapter", adapter),
+                ("--memeval-set", settings),
+            )
+            if val
+        ]
+        raise ProfileError(
+            f"{' and '.join(given)}: --ckpt {profile.name} is a {profile.kind} profile "
+            f"({profile.source}); only model profiles can be overridden"
+        )
+    changes: dict[str, Any] = {}
+    if model is not None:
+        changes["model"] = model
+        overrides["model"] = {"value": str(model), "profile": str(profile.model)}
+    if adapter is not None:
+        changes["adapter"] = adapter
+        old = str(profile.adapter) if profile.adapter is not None else None
+        overrides["adapter"] = {"value": str(adapter), "profile": old}
+    generation = dict(profile.generation.as_dict())
+    generation.pop("greedy", None)
+    for item in settings or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ProfileError(
+                f"--memeval-set {item!r}: expected KEY=VALUE, e.g. generation.dtype=bfloat16"
+            )
+        if key not in SET_KEYS:
+            allowed = ", ".join(sorted(SET_KEYS))
+            raise ProfileError(f"--memeval-set {item!r}: unknown key {key!r} (allowed: {allowed})")
+        value = _set_value(key, text)
+        leaf = key.split(".", 1)[1]
+        overrides[key] = {"value": str(value), "profile": str(generation[leaf])}
+        generation[leaf] = value
+    try:
+        changes["generation"] = _generation(generation, "--memeval-set")
+    except ProfileError as exc:
+        raise ProfileError(f"{exc} (got {', '.join(settings or [])})") from None
+    return replace(profile, **changes), overrides
+
+
+# -- hand-over to xdist workers (plain data) ---------------------------------------------------
+
+
+def profile_to_plain(profile: Profile) -> dict[str, Any]:
+    """The resolved profile as JSON-able data (what the controller hands each worker)."""
+
+    def path(p: Path | None) -> str | None:
+        return str(p) if p is not None else None
+
+    return {
+        "name": profile.name,
+        "kind": profile.kind,
+        "source": str(profile.source),
+        "benchmark": {
+            "path": path(profile.benchmark.path),
+            "builder": profile.benchmark.builder,
+            "options": dict(profile.benchmark.options),
+        },
+        "model": path(profile.model),
+        "adapter": path(profile.adapter),
+        "predictions": path(profile.predictions),
+        "generation": {
+            "max_new_tokens": profile.generation.max_new_tokens,
+            "dtype": profile.generation.dtype,
+            "attn_implementation": profile.generation.attn_implementation,
+        },
+        "parse": {"final": profile.parse.final, "turn": profile.parse.turn},
+    }
+
+
+def profile_from_plain(data: Mapping[str, Any]) -> Profile:
+    """The inverse of :func:`profile_to_plain` (a worker rebuilds the controller's profile)."""
+
+    def path(value: Any) -> Path | None:
+        return Path(value) if value is not None else None
+
+    bench = data["benchmark"]
+    return Profile(
+        name=str(data["name"]),
+        kind=str(data["kind"]),
+        benchmark=BenchmarkSpec(
+            path=path(bench["path"]), builder=bench["builder"], options=dict(bench["options"])
+        ),
+        source=Path(data["source"]),
+        model=path(data["model"]),
+        adapter=path(data["adapter"]),
+        predictions=path(data["predictions"]),
+        generation=GenerationSettings(**data["generation"]),
+        parse=ParseRules(**data["parse"]),
+    )

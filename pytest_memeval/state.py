@@ -1,8 +1,9 @@
 """Run state kept in ``config.stash``, and the one typed accessor for xdist's workerinput.
 
 Only plain data crosses processes: the controller puts strings and numbers into
-``workerinput`` (see :class:`MemevalWorkerInput`); each worker rebuilds its own state from the
-same profile and checks the benchmark fingerprint it computes against the controller's.
+``workerinput`` (see :class:`MemevalWorkerInput`): the resolved profile itself, so a worker
+never looks for the profiles file; each worker loads the benchmark that profile names and
+checks the fingerprint it computes against the controller's.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ class MemevalWorkerInput(TypedDict, total=False):
     memeval_known_failures: list[str]
     memeval_known_failures_source: str
     memeval_resume_done: list[str]  # --memeval-resume: scenario ids the journal has
+    #: the profile the controller resolved, overrides applied (profiles.profile_to_plain):
+    #: workers never look for the profiles file themselves
+    memeval_profile: dict[str, Any]
+    #: what --memeval-model/--memeval-adapter/--memeval-set changed (profiles.apply_overrides)
+    memeval_overrides: dict[str, dict[str, str | None]]
+    memeval_run_dir: str  # the controller's run directory
+    memeval_decode_path: str  # fast, reference or replay (option or ini, read once)
+    #: the controller's rootdir and config file (None: none), which every worker must share
+    memeval_rootdir: str
+    memeval_inifile: str | None
     #: set by xdist itself: the controller's sys.argv (the user's own command line)
     mainargv: list[str]
 

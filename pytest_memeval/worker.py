@@ -51,26 +51,37 @@ class MemevalWorker:
         self._run_rank: dict[str, int] = {}
         self._decode_share: dict[str, float] = {}  # prefetch seconds per prefetched scenario
 
+    def load_decoder(self) -> Decoder:
+        """Build this process's decoder now (loads the model); errors propagate as they are.
+
+        Called before any item runs (startup.EarlyLoad), which turns a failure into one
+        message that stops the run.
+        """
+        if self._decoder is None:
+            self.device = worker_device(self.config)
+            self.device_label = device_label(self.config, self.device)
+            self._decoder = self.config.hook.pytest_memeval_make_decoder(
+                config=self.config,
+                profile=self.state.profile,
+                path=self.state.decode_path,
+                device=self.device,
+            )
+        assert self._decoder is not None
+        return self._decoder
+
     def decoder(self) -> Decoder:
         if self._decoder_error is not None:
             pytest.fail(self._decoder_error, pytrace=False)
         if self._decoder is None:
             from .model import CheckpointError
 
-            self.device = worker_device(self.config)
-            self.device_label = device_label(self.config, self.device)
             try:
-                decoder = self.config.hook.pytest_memeval_make_decoder(
-                    config=self.config,
-                    profile=self.state.profile,
-                    path=self.state.decode_path,
-                    device=self.device,
-                )
+                self.load_decoder()
             except CheckpointError as exc:
                 # Every item of this worker would fail the same way: say it once, plainly.
                 self._decoder_error = f"cannot load checkpoint: {exc}"
                 pytest.fail(self._decoder_error, pytrace=False)
-            self._decoder = decoder
+        assert self._decoder is not None
         return self._decoder
 
     def record_for(self, scenario: Scenario) -> dict[str, Any]:
