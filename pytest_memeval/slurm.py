@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import re
 import shlex
 import subprocess
@@ -241,13 +240,10 @@ def shard_script(plan: Plan) -> str:
         header.append(f"#SBATCH --gpus-per-node={plan.gpus_per_shard}")
     header.append(f"#SBATCH --output={_sbatch_path(logs)}")
     header += plan.settings.header_lines()
-    if plan.gpus_per_shard:
-        # Slurm sets CUDA_VISIBLE_DEVICES to the allocated GPUs; the plugin binds one xdist
-        # worker to each of exactly those.
-        pytest_args = f"-n {plan.gpus_per_shard}"
-    else:
-        # CPU: say so, so that a CUDA_VISIBLE_DEVICES exported from the login shell is ignored.
-        pytest_args = "--memeval-gpus=cpu"
+    # GPUs: Slurm sets CUDA_VISIBLE_DEVICES to the allocated ones; the plugin binds one xdist
+    # worker to each of exactly those. CPU: say so, so that a CUDA_VISIBLE_DEVICES exported
+    # from the login shell is ignored.
+    pytest_args = f"-n {plan.gpus_per_shard}" if plan.gpus_per_shard else "--memeval-gpus=cpu"
     body = f"""
 # Checkpoints, data and run directories must be on a filesystem every node sees.
 cd {q(str(plan.project))} || exit 1
@@ -661,9 +657,7 @@ def _refuse_busy_out(out: Path, runner: SlurmRunner | None) -> None:
                 "refuse to overwrite it: choose another --out"
             )
     elif (out / JOURNAL).is_file():
-        raise SlurmError(
-            f"{out}: holds the journal of an unfinished run; choose another --out"
-        )
+        raise SlurmError(f"{out}: holds the journal of an unfinished run; choose another --out")
     if runner is None or not (out / SLURM_DIR / SUBMISSION).is_file():
         return
     data = _read_submission(out)
@@ -766,7 +760,7 @@ def wait(out: Path, runner: SlurmRunner, *, poll: float = 5.0) -> int:
     data = _read_submission(out)
     delay = min(1.0, poll)
     while True:
-        info, job_id = _merge_state(data, runner)
+        info, _ = _merge_state(data, runner)
         if info is None or info.final:
             break
         time.sleep(delay)
@@ -904,7 +898,7 @@ def cli_main(args: argparse.Namespace, runner: SlurmRunner | None = None) -> int
             return submit(args, runner)
         out = args.out.resolve()
         if args.slurm_command == "status":
-            states, merged = report_status(out, runner)
+            states, _ = report_status(out, runner)
             return 1 if any(s.run == "failed" for s in states) else 0
         return resubmit(out, runner, wait_after=args.wait, poll=args.poll)
     except SlurmError as exc:

@@ -9,6 +9,7 @@ user); on CI (``CI=true``) that is a failure instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,10 +83,8 @@ def _stop(pids: list[int]) -> None:
                 break
             time.sleep(0.2)
         else:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture(scope="session")
@@ -273,9 +272,7 @@ def test_slurm_submit_fail_resubmit_merge(
     # 2. Shard 2 is killed mid-run: its task fails, the merge job never runs.
     (project / "crash-shard-2").touch()
     second = project / "runs" / "second try"  # a space in the path, as users have
-    rc = slurm(
-        "submit", "--ckpt=frozen", "--shards=3", "--out", second, "--wait", "--poll=1"
-    )
+    rc = slurm("submit", "--ckpt=frozen", "--shards=3", "--out", second, "--wait", "--poll=1")
     captured = capsys.readouterr()
     assert rc == 1, captured.out + captured.err
     assert not (project / "crash-shard-2").exists()  # the crash really happened
