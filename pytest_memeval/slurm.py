@@ -663,9 +663,11 @@ def _refuse_busy_out(out: Path, runner: SlurmRunner | None) -> None:
     data = _read_submission(out)
     for job in data.get("jobs", []):
         for record in runner.show_job(str(job["job_id"])):
-            if JobInfo.from_record("", record).state not in FINAL_STATES:
+            if record.get("JobState") not in FINAL_STATES:
+                task = record.get("ArrayTaskId")
+                name = f"{job['job_id']}_{task}" if task else str(job["job_id"])
                 raise SlurmError(
-                    f"{out}: job {job['job_id']} of an earlier submission is still "
+                    f"{out}: job {name} of an earlier submission is still "
                     f"{record.get('JobState')}; wait for it (memeval slurm status {out}), "
                     f"scancel it, or use memeval slurm resubmit {out}"
                 )
@@ -736,6 +738,7 @@ def report_status(out: Path, runner: SlurmRunner) -> tuple[list[ShardState], boo
                 print(f"      | {text}")
     info, job_id = _merge_state(data, runner)
     merged = _merged(plan.out)
+    failed = [f"{s.k}/{plan.shards}" for s in states if s.run == "failed"]
     if merged is not None and merged.get("merged_from"):
         m1 = merged["m1"]
         what = f"done: {plan.out} n={merged['n']} m1={m1['correct']}/{m1['total']}"
@@ -743,6 +746,9 @@ def report_status(out: Path, runner: SlurmRunner) -> tuple[list[ShardState], boo
         what = "not known to Slurm" if job_id else "not submitted"
     elif info.state == "CANCELLED" and "Dependency" in info.reason:
         what = "never ran: a shard failed (resubmit with memeval slurm resubmit DIR)"
+    elif not info.final and failed:
+        # afterok on an array is decided once every task ended: Slurm cancels it then.
+        what = f"will not run: shard(s) {', '.join(failed)} failed (memeval slurm resubmit DIR)"
     else:
         what = "waiting for the shards" if info.state == "PENDING" else info.state.lower()
     merge_job = info.describe() if info else (f"job {job_id}" if job_id else "")
@@ -785,7 +791,6 @@ def resubmit(out: Path, runner: SlurmRunner, *, wait_after: bool, poll: float) -
     jobs: list[dict[str, Any]] = list(data.get("jobs", []))
     states = shard_states(plan, jobs, runner.show_job)
     again = [s.k for s in states if s.needs_resubmit]
-    active = [s for s in states if s.run in ("pending", "running")]
     info, merge_job = _merge_state(data, runner)
     if not again and _merged(plan.out) and info is not None and info.state == "COMPLETED":
         print(f"memeval slurm: nothing to resubmit: {plan.out} is merged and complete")
@@ -795,11 +800,13 @@ def resubmit(out: Path, runner: SlurmRunner, *, wait_after: bool, poll: float) -
             f"memeval slurm: nothing to resubmit: no shard failed and merge job {merge_job} "
             f"is {info.state}"
         )
-        return 0
+        return wait(plan.out, runner, poll=poll) if wait_after else 0
     if info is not None and not info.final:
         runner.cancel(merge_job)  # it waits on a failed shard: Slurm would cancel it anyway
     _write_scripts(plan)  # the current scripts, as submit wrote them
-    after = [s.job.job_id for s in active if s.job is not None]
+    # Shards still pending or running keep their jobs; the new merge waits for them too (a
+    # finished shard whose task is still checking its run included).
+    after = [s.job.job_id for s in states if s.job and not s.job.final and s.k not in again]
     new = _submit_jobs(plan, runner, again, resume=True, after_tasks=after)
     _save(plan, jobs + new)
     if again:
