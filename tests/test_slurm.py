@@ -375,3 +375,43 @@ def test_submit_refusals(
     assert "not a directory `memeval slurm submit` wrote" in capsys.readouterr().err
     assert main(["slurm", "submit", "--ckpt=demo", "--shards=2", "--out", "a%b"]) == 2
     assert "cannot hold '%'" in capsys.readouterr().err
+
+
+class FakeSlurm:
+    """Answers ``scontrol show job`` from fixed lines (the real one: test_slurm_cluster.py)."""
+
+    def __init__(self, lines: dict[str, str]) -> None:
+        self.lines = lines
+
+    def show_job(self, job_id: str) -> list[dict[str, str]]:
+        return parse_scontrol(self.lines.get(job_id, ""))
+
+
+def test_status_names_the_failed_shard_while_the_merge_still_waits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_memeval.slurm import SUBMISSION, report_status
+
+    p = plan(tmp_path)
+    write_shard(p.shard_dir(1), IDS, 1, 3)
+    p.slurm_dir.mkdir(parents=True)
+    jobs = [
+        {"kind": "shards", "job_id": "7", "tasks": [1, 2, 3]},
+        {"kind": "merge", "job_id": "10"},
+    ]
+    (p.slurm_dir / SUBMISSION).write_text(json.dumps({"plan": p.as_dict(), "jobs": jobs}))
+    # Shard 3 still runs, so Slurm has not yet cancelled the merge (afterok on an array is
+    # decided when every task has ended).
+    running3 = RUNNING_TASK.replace("ArrayTaskId=1", "ArrayTaskId=3")
+    pending_merge = CANCELLED_MERGE.replace("CANCELLED", "PENDING").replace(
+        "DependencyNeverSatisfied", "Dependency"
+    )
+    fake = FakeSlurm({"7": f"{FAILED_TASK}\n{running3}", "10": pending_merge})
+    states, merged = report_status(p.out, fake)  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert not merged and [s.run for s in states] == ["done", "failed", "running"]
+    assert "  shard 2/3: failed   job 7_2 FAILED (NonZeroExitCode), exit 137;" in out
+    assert "merge:     job 10 PENDING (Dependency); will not run: shard(s) 2/3 failed" in out
+    fake.lines["10"] = CANCELLED_MERGE
+    report_status(p.out, fake)  # type: ignore[arg-type]
+    assert "never ran: a shard failed" in capsys.readouterr().out

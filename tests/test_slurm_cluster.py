@@ -175,7 +175,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
         _stop([pid for pid in (_pid(p) for p in reversed(pid_files)) if pid is not None])
 
 
-# -- the project: six short demo scenarios, three shards of two ------------------------------
+# -- the project: four short demo scenarios, three shards (2 + 1 + 1) ---------------------------
 
 FROZEN_PROFILE = """
 [tool.memeval.ckpt.frozen]
@@ -189,7 +189,7 @@ time = "00:10:00"
 sbatch_args = ["--cpus-per-task=1"]
 """
 
-# Simulates a node lost mid-shard: once shard 2 has journaled one scenario, its pytest is
+# Simulates a node lost mid-shard: once shard 1 has journaled one scenario, its pytest is
 # killed with SIGKILL (no cleanup at all). Only while the marker file exists: removing it
 # first makes the crash happen once, so the resubmitted shard can finish.
 CRASH_CONFTEST = """
@@ -197,13 +197,13 @@ import os
 import signal
 from pathlib import Path
 
-MARKER = Path(__file__).with_name("crash-shard-2")
+MARKER = Path(__file__).with_name("crash-shard-1")
 
 
 def pytest_runtest_logreport(report):
     if (
         getattr(report, "memeval_record", None)
-        and os.environ.get("SLURM_ARRAY_TASK_ID") == "2"
+        and os.environ.get("SLURM_ARRAY_TASK_ID") == "1"
         and MARKER.exists()
     ):
         MARKER.unlink()
@@ -237,7 +237,7 @@ def test_slurm_submit_fail_resubmit_merge(
         monkeypatch.delenv(var, raising=False)
     project = memeval_project.path
     pool = demo_records("baseline", 40)
-    short = sorted(sorted(pool, key=lambda r: len(r["messages"]))[:6], key=pool.index)
+    short = sorted(sorted(pool, key=lambda r: len(r["messages"]))[:4], key=pool.index)
     # A private copy of the checkpoint: every run here must see the same weights.
     shutil.copytree(BASE_MODEL, project / "ckpt" / "base")
     shutil.copytree(ADAPTERS / "baseline", project / "ckpt" / "adapter")
@@ -248,7 +248,7 @@ def test_slurm_submit_fail_resubmit_merge(
     full = memeval_project.run("--ckpt", "frozen", f"--memeval-out={reference}")
     assert full.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), full.stdout.str()
     expected = content(reference / "predictions.jsonl")
-    assert len(expected) == 6
+    assert len(expected) == 4
 
     # 1. Three shards, merged by the merge job; --wait exits 0 on a complete merged run.
     capsys.readouterr()
@@ -257,7 +257,7 @@ def test_slurm_submit_fail_resubmit_merge(
     first = project / "runs" / "frozen"
     assert f"merged run complete: {first}" in out
     merged = json.loads((first / "metrics.json").read_text("utf-8"))
-    assert merged["complete"] is True and merged["n"] == 6
+    assert merged["complete"] is True and merged["n"] == 4
     assert [m["shard"] for m in merged["merged_from"]] == ["1/3", "2/3", "3/3"]
     recount_run(first)
     assert content(first / "predictions.jsonl") == expected
@@ -269,41 +269,41 @@ def test_slurm_submit_fail_resubmit_merge(
     assert wrong > 0, "the baseline adapter should get some of these wrong"
     assert "(pytest exit 1: wrong answers are results)" in logs
 
-    # 2. Shard 2 is killed mid-run: its task fails, the merge job never runs.
-    (project / "crash-shard-2").touch()
+    # 2. Shard 1 is killed mid-run: its task fails, the merge job never runs.
+    (project / "crash-shard-1").touch()
     second = project / "runs" / "second try"  # a space in the path, as users have
     rc = slurm("submit", "--ckpt=frozen", "--shards=3", "--out", second, "--wait", "--poll=1")
     captured = capsys.readouterr()
     assert rc == 1, captured.out + captured.err
-    assert not (project / "crash-shard-2").exists()  # the crash really happened
-    assert "shard(s) not finished: 2/3" in captured.err
+    assert not (project / "crash-shard-1").exists()  # the crash really happened
+    assert "shard(s) not finished: 1/3" in captured.err
     assert not (second / "metrics.json").exists()
     assert "merge:" in captured.out and "never ran: a shard failed" in captured.out
     assert "DependencyNeverSatisfied" in captured.out
 
     assert slurm("status", second) == 1
     status = capsys.readouterr().out
-    assert "shard 1/3: done" in status and "shard 3/3: done" in status
-    assert "shard 2/3: failed" in status
+    assert "shard 2/3: done" in status and "shard 3/3: done" in status
+    assert "shard 1/3: failed" in status
     assert "exit 137" in status  # 128 + SIGKILL, from the task's own exit status
-    assert "memeval: shard 2/3 FAILED: killed by signal 9" in status  # the log's last lines
-    journal = second / "shard-2-of-3" / "journal.jsonl"
+    assert "memeval: shard 1/3 FAILED: killed by signal 9" in status  # the log's last lines
+    journal = second / "shard-1-of-3" / "journal.jsonl"
     assert len(read_jsonl(journal)) == 2  # header + the one scenario done before the kill
 
-    # 3. Resubmit: only shard 2 runs again, resumed from its journal; then the merge.
+    # 3. Resubmit: only shard 1 runs again, resumed from its journal; then the merge.
     assert slurm("resubmit", second, "--wait", "--poll", 1) == 0
     out = capsys.readouterr().out
-    assert "resubmitted shard(s) 2/3" in out
+    assert "resubmitted shard(s) 1/3" in out
     assert f"merged run complete: {second}" in out
     submission = json.loads((second / "slurm" / "submission.json").read_text("utf-8"))
     assert [(j["kind"], j.get("tasks")) for j in submission["jobs"]] == [
         ("shards", [1, 2, 3]),
         ("merge", None),
-        ("shards", [2]),
+        ("shards", [1]),
         ("merge", None),
     ]
-    shard2 = json.loads((second / "shard-2-of-3" / "metrics.json").read_text("utf-8"))
-    assert shard2["scope"]["resumed"] == 1
+    shard1 = json.loads((second / "shard-1-of-3" / "metrics.json").read_text("utf-8"))
+    assert shard1["scope"]["resumed"] == 1
     recount_run(second)
     assert json.loads((second / "metrics.json").read_text("utf-8"))["complete"] is True
     assert content(second / "predictions.jsonl") == expected
