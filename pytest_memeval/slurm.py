@@ -474,15 +474,17 @@ def shard_states(
         code, verdict = check_shard(plan.shard_dir(k), k, plan.shards, 0)
         log = plan.shard_log(k, str(latest["job_id"])) if latest is not None else None
         state = ShardState(k=k, run="missing", job=info, log=log)
-        if code == 0:
-            state.run, state.detail = "done", verdict.split(": ", 1)[1]
-        elif latest is None:
-            state.detail = "never submitted"
-        elif info is not None and info.state in ("PENDING", "REQUEUED", "CONFIGURING"):
+        # A job still queued or running decides first: the directory may hold an earlier
+        # submission's finished shard run until this one starts writing.
+        if info is not None and info.state in ("PENDING", "REQUEUED", "CONFIGURING"):
             state.run = "pending"
         elif info is not None and not info.final:
             done = _journal_count(plan.shard_dir(k) / JOURNAL)
             state.run, state.detail = "running", f"{done} scenario(s) in its journal"
+        elif code == 0:
+            state.run, state.detail = "done", verdict.split(": ", 1)[1]
+        elif latest is None:
+            state.detail = "never submitted"
         else:
             state.run = "failed"
             if info is None:
@@ -739,7 +741,8 @@ def report_status(out: Path, runner: SlurmRunner) -> tuple[list[ShardState], boo
     info, job_id = _merge_state(data, runner)
     merged = _merged(plan.out)
     failed = [f"{s.k}/{plan.shards}" for s in states if s.run == "failed"]
-    if merged is not None and merged.get("merged_from"):
+    if merged is not None and merged.get("merged_from") and (info is None or info.final):
+        # (while the latest merge job waits, a metrics.json there is an earlier merge's)
         m1 = merged["m1"]
         what = f"done: {plan.out} n={merged['n']} m1={m1['correct']}/{m1['total']}"
     elif info is None:
@@ -758,7 +761,8 @@ def report_status(out: Path, runner: SlurmRunner) -> tuple[list[ShardState], boo
         print(f"    log {log}:")
         for text in _tail(log) or ["(no log)"]:
             print(f"      | {text}")
-    return states, merged is not None and bool(merged.get("merged_from"))
+    done = merged is not None and bool(merged.get("merged_from"))
+    return states, done and (info is None or info.state == "COMPLETED")
 
 
 def wait(out: Path, runner: SlurmRunner, *, poll: float = 5.0) -> int:

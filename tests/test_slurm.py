@@ -280,6 +280,11 @@ def test_shard_states(tmp_path: Path) -> None:
     assert states[2].run == "failed" and "no longer known to Slurm" in states[2].detail
     states = shard_states(p, [], lambda _: [])
     assert [s.run for s in states] == ["done", "missing", "missing"]
+    # Resubmitted or submitted again: shard 1's directory still holds the earlier finished
+    # run, but its new job has not run yet.
+    again = PENDING_ARRAY.replace("ArrayTaskId=2-3", "ArrayTaskId=1-3")
+    states = shard_states(p, jobs, lambda _: parse_scontrol(again))
+    assert [s.run for s in states] == ["pending", "pending", "pending"]
 
 
 # -- settings and the command line ------------------------------------------------------------
