@@ -493,7 +493,7 @@ def shard_states(
                     "is incomplete"
                 )
             else:
-                state.detail = verdict.split(": ", 1)[1].removeprefix("FAILED: ")
+                state.detail = verdict.split(" FAILED: ", 1)[-1]
             state.log_tail = _tail(log)
         states.append(state)
     return states

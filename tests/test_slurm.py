@@ -269,7 +269,10 @@ def test_shard_states(tmp_path: Path) -> None:
     assert [s.run for s in states] == ["done", "failed", "pending"]
     assert states[0].detail == "shard 1/3 finished: 3 scenario(s)"
     assert states[1].job is not None and states[1].job.exit_code == "137:0"
-    assert "no metrics.json" in states[1].detail
+    assert (
+        states[1].detail.startswith("incomplete shard run: ")
+        and "no metrics.json" in states[1].detail
+    )
     assert states[1].log_tail[-2:] == ["line 19", "memeval: shard 2/3 FAILED"]
     assert len(states[1].log_tail) == 8
     assert [s.needs_resubmit for s in states] == [False, True, False]
