@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
 PLACEMENT = ("worker", "device", "decode_s")
+COUNT_FIELDS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "generated_turns")
 
 
 @dataclass
@@ -249,6 +250,8 @@ def test_slurm_submit_fail_resubmit_merge(
     assert full.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), full.stdout.str()
     expected = content(reference / "predictions.jsonl")
     assert len(expected) == 4
+    counts = json.loads((reference / "metrics.json").read_text("utf-8"))
+    counts = {k: counts[k] for k in COUNT_FIELDS}
 
     # 1. Three shards, merged by the merge job; --wait exits 0 on a complete merged run.
     capsys.readouterr()
@@ -261,6 +264,7 @@ def test_slurm_submit_fail_resubmit_merge(
     assert [m["shard"] for m in merged["merged_from"]] == ["1/3", "2/3", "3/3"]
     recount_run(first)
     assert content(first / "predictions.jsonl") == expected
+    assert {k: merged[k] for k in COUNT_FIELDS} == counts
     for k in (1, 2, 3):
         assert f"shard {k}/3: done" in out
     # A shard whose pytest exits 1 (wrong answers) is a finished shard: its task succeeded.
@@ -305,7 +309,9 @@ def test_slurm_submit_fail_resubmit_merge(
     shard1 = json.loads((second / "shard-1-of-3" / "metrics.json").read_text("utf-8"))
     assert shard1["scope"]["resumed"] == 1
     recount_run(second)
-    assert json.loads((second / "metrics.json").read_text("utf-8"))["complete"] is True
+    merged = json.loads((second / "metrics.json").read_text("utf-8"))
+    assert merged["complete"] is True
+    assert {k: merged[k] for k in COUNT_FIELDS} == counts
     assert content(second / "predictions.jsonl") == expected
     assert slurm("resubmit", second) == 0
     assert "nothing to resubmit" in capsys.readouterr().out
