@@ -108,6 +108,7 @@ class SlurmSettings:
     sbatch_args: tuple[str, ...] = ()
 
     def header_lines(self) -> list[str]:
+        """``#SBATCH`` lines for these options."""
         lines = []
         for key in ("partition", "time", "account"):
             value = getattr(self, key)
@@ -158,18 +159,23 @@ class Plan:
 
     @property
     def slurm_dir(self) -> Path:
+        """``DIR/slurm``: the scripts, the submission record and the logs."""
         return self.out / SLURM_DIR
 
     def shard_dir(self, k: int) -> Path:
+        """Shard ``k``'s run directory, ``DIR/shard-K-of-N``."""
         return self.out / shard_dir_name(k, self.shards)
 
     def shard_log(self, k: int, job_id: str) -> Path:
+        """The log of shard ``k``'s task in array job ``job_id``."""
         return self.slurm_dir / "logs" / f"shard-{k}-of-{self.shards}.job-{job_id}.log"
 
     def merge_log(self, job_id: str) -> Path:
+        """The log of merge job ``job_id``."""
         return self.slurm_dir / "logs" / f"merge.job-{job_id}.log"
 
     def as_dict(self) -> dict[str, Any]:
+        """Plain JSON data for ``submission.json``."""
         return {
             "ckpt": self.ckpt,
             "shards": self.shards,
@@ -187,6 +193,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """The plan :meth:`as_dict` wrote."""
         sb = data.get("sbatch") or {}
         return cls(
             ckpt=str(data["ckpt"]),
@@ -382,6 +389,7 @@ class JobInfo:
 
     @classmethod
     def from_record(cls, job_id: str, record: Mapping[str, str]) -> JobInfo:
+        """From one :func:`parse_scontrol` record."""
         return cls(
             job_id=job_id,
             state=record.get("JobState", "UNKNOWN"),
@@ -392,9 +400,11 @@ class JobInfo:
 
     @property
     def final(self) -> bool:
+        """The job has ended and will not run again."""
         return self.state in FINAL_STATES
 
     def describe(self) -> str:
+        """``job 7_2 FAILED (NonZeroExitCode), exit 137``."""
         text = f"job {self.job_id} {self.state}"
         if self.state not in ("COMPLETED", "RUNNING") and self.reason not in ("", "None"):
             text += f" ({self.reason})"
@@ -435,6 +445,7 @@ class ShardState:
 
     @property
     def needs_resubmit(self) -> bool:
+        """Failed or never submitted: ``resubmit`` sends it again."""
         return self.run in ("failed", "missing")
 
 
@@ -509,6 +520,7 @@ class SlurmRunner:
         self.env = dict(env) if env is not None else None
 
     def run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        """Run one Slurm client command, output captured."""
         try:
             return subprocess.run(
                 list(args), capture_output=True, text=True, env=self.env, check=False
@@ -536,6 +548,7 @@ class SlurmRunner:
         return parse_scontrol(done.stdout)
 
     def cancel(self, job_id: str) -> None:
+        """``scancel JOB``; a job that already ended is no error."""
         self.run(["scancel", job_id])
 
 
@@ -612,6 +625,7 @@ def _project_defaults(project: Path) -> tuple[Path, str]:
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
+    """The plan of ``submit``: the command line over ``[tool.memeval.slurm]``, checked."""
     project = Path(args.project).resolve()
     if not project.is_dir():
         raise SlurmError(f"--project {project}: not a directory")
@@ -676,6 +690,7 @@ def _refuse_busy_out(out: Path, runner: SlurmRunner | None) -> None:
 
 
 def submit(args: argparse.Namespace, runner: SlurmRunner) -> int:
+    """``memeval slurm submit``: write the scripts, submit the array and the merge job."""
     plan = make_plan(args)
     if args.dry_run:
         print(f"# {plan.slurm_dir / SHARDS_SCRIPT}")
@@ -790,6 +805,7 @@ def wait(out: Path, runner: SlurmRunner, *, poll: float = 5.0) -> int:
 
 
 def resubmit(out: Path, runner: SlurmRunner, *, wait_after: bool, poll: float) -> int:
+    """``memeval slurm resubmit DIR``: failed and missing shards (resumed), a new merge job."""
     data = _read_submission(out)
     plan = Plan.from_dict(data["plan"])
     jobs: list[dict[str, Any]] = list(data.get("jobs", []))
@@ -828,6 +844,7 @@ def resubmit(out: Path, runner: SlurmRunner, *, wait_after: bool, poll: float) -
 
 
 def cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """``memeval slurm submit|status|resubmit|check-shard``."""
     sub = parser.add_subparsers(dest="slurm_command", required=True, metavar="ACTION")
     p = sub.add_parser(
         "submit",
@@ -892,6 +909,7 @@ def _wait_args(p: argparse.ArgumentParser) -> None:
 
 
 def cli_main(args: argparse.Namespace, runner: SlurmRunner | None = None) -> int:
+    """Run one ``memeval slurm`` action; 2 on a usage or Slurm error."""
     runner = runner or SlurmRunner()
     try:
         if args.slurm_command == "check-shard":
