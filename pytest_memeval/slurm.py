@@ -575,24 +575,27 @@ def _read_submission(out: Path) -> dict[str, Any]:
 def _submit_jobs(
     plan: Plan,
     runner: SlurmRunner,
+    jobs: list[dict[str, Any]],
     tasks: Sequence[int],
     *,
     resume: bool,
     after_tasks: Sequence[str] = (),
-) -> list[dict[str, Any]]:
-    """Submit the array (for ``tasks``; none: merge only) and the merge job."""
-    jobs: list[dict[str, Any]] = []
+) -> None:
+    """Submit the array (for ``tasks``; none: merge only) and the merge job, appending each
+    to ``jobs`` and saving the record at once: if the second sbatch fails, ``status`` and
+    ``resubmit`` still know the first job."""
     array_job = None
     if tasks:
         spec = ",".join(map(str, tasks))
         args = [f"--array={spec}", str(plan.slurm_dir / SHARDS_SCRIPT)]
         array_job = runner.sbatch(args + (["resume"] if resume else []))
         jobs.append({"kind": "shards", "job_id": array_job, "tasks": list(tasks), "at": _now()})
+        _save(plan, jobs)
     dep = dependency(array_job, after_tasks)
     merge_args = [f"--dependency={dep}", "--kill-on-invalid-dep=yes"] if dep else []
     merge_job = runner.sbatch([*merge_args, str(plan.slurm_dir / MERGE_SCRIPT)])
     jobs.append({"kind": "merge", "job_id": merge_job, "after": dep, "at": _now()})
-    return jobs
+    _save(plan, jobs)
 
 
 def _write_scripts(plan: Plan) -> None:
@@ -704,8 +707,8 @@ def submit(args: argparse.Namespace, runner: SlurmRunner) -> int:
         return 0
     _refuse_busy_out(plan.out, runner)
     _write_scripts(plan)
-    jobs = _submit_jobs(plan, runner, range(1, plan.shards + 1), resume=False)
-    _save(plan, jobs)
+    jobs: list[dict[str, Any]] = []
+    _submit_jobs(plan, runner, jobs, range(1, plan.shards + 1), resume=False)
     shards_job, merge_job = jobs[0]["job_id"], jobs[1]["job_id"]
     print(
         f"memeval slurm: submitted {plan.shards} shard(s) of {plan.ckpt} as array job "
@@ -812,7 +815,7 @@ def resubmit(out: Path, runner: SlurmRunner, *, wait_after: bool, poll: float) -
     states = shard_states(plan, jobs, runner.show_job)
     again = [s.k for s in states if s.needs_resubmit]
     info, merge_job = _merge_state(data, runner)
-    if not again and _merged(plan.out) and info is not None and info.state == "COMPLETED":
+    if not again and _merged(plan.out) and (info is None or info.state == "COMPLETED"):
         print(f"memeval slurm: nothing to resubmit: {plan.out} is merged and complete")
         return 0
     if not again and info is not None and not info.final:
@@ -827,8 +830,9 @@ def resubmit(out: Path, runner: SlurmRunner, *, wait_after: bool, poll: float) -
     # Shards still pending or running keep their jobs; the new merge waits for them too (a
     # finished shard whose task is still checking its run included).
     after = [s.job.job_id for s in states if s.job and not s.job.final and s.k not in again]
-    new = _submit_jobs(plan, runner, again, resume=True, after_tasks=after)
-    _save(plan, jobs + new)
+    before = len(jobs)
+    _submit_jobs(plan, runner, jobs, again, resume=True, after_tasks=after)
+    new = jobs[before:]
     if again:
         print(
             f"memeval slurm: resubmitted shard(s) {', '.join(f'{k}/{plan.shards}' for k in again)}"

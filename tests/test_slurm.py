@@ -6,6 +6,7 @@ real one-node Slurm.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -423,3 +424,56 @@ def test_status_names_the_failed_shard_while_the_merge_still_waits(
     fake.lines["10"] = CANCELLED_MERGE
     report_status(p.out, fake)  # type: ignore[arg-type]
     assert "never ran: a shard failed" in capsys.readouterr().out
+
+
+class RecordingSlurm(FakeSlurm):
+    """Also takes submissions: records each sbatch's arguments, hands out job ids."""
+
+    def __init__(self, lines: dict[str, str]) -> None:
+        super().__init__(lines)
+        self.submitted: list[list[str]] = []
+        self.cancelled: list[str] = []
+
+    def sbatch(self, args: list[str]) -> str:
+        self.submitted.append(args)
+        return str(20 + len(self.submitted))
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+
+
+def test_resubmit_only_the_failed_shard_while_another_still_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_memeval.slurm import SUBMISSION, cli_main
+
+    p = plan(tmp_path)
+    write_shard(p.shard_dir(1), IDS, 1, 3)
+    p.slurm_dir.mkdir(parents=True)
+    jobs = [
+        {"kind": "shards", "job_id": "7", "tasks": [1, 2, 3]},
+        {"kind": "merge", "job_id": "10"},
+    ]
+    (p.slurm_dir / SUBMISSION).write_text(json.dumps({"plan": p.as_dict(), "jobs": jobs}))
+    running3 = RUNNING_TASK.replace("ArrayTaskId=1", "ArrayTaskId=3")
+    pending_merge = CANCELLED_MERGE.replace("CANCELLED", "PENDING")
+    fake = RecordingSlurm({"7": f"{FAILED_TASK}\n{running3}", "10": pending_merge})
+    args = argparse.Namespace(slurm_command="resubmit", out=p.out, wait=False, poll=1.0)
+    assert cli_main(args, fake) == 0  # type: ignore[arg-type]
+    assert fake.submitted == [
+        ["--array=2", str(p.slurm_dir / "shards.sbatch"), "resume"],
+        [
+            "--dependency=afterok:21:7_3",  # the new array and the shard still running
+            "--kill-on-invalid-dep=yes",
+            str(p.slurm_dir / "merge.sbatch"),
+        ],
+    ]
+    assert fake.cancelled == ["10"]  # the old merge would never run
+    record = json.loads((p.slurm_dir / SUBMISSION).read_text())
+    assert [(j["kind"], j["job_id"]) for j in record["jobs"]] == [
+        ("shards", "7"),
+        ("merge", "10"),
+        ("shards", "21"),
+        ("merge", "22"),
+    ]
+    assert "resubmitted shard(s) 2/3 as array job 21" in capsys.readouterr().out
