@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "list a run's failing eval items (for pytest --memeval-expect FILE)",
     ),
     "bench": ("pytest_memeval.bench", "benchmark the fast decode path against the reference"),
+    "slurm": (
+        "pytest_memeval.slurm",
+        "submit shards to Slurm and merge them; status and resubmit of a submission",
+    ),
 }
 
 
