@@ -105,8 +105,8 @@ def _run(tmp_path: Path) -> Path:
 def test_recount_agrees_with_the_aggregate(tmp_path: Path) -> None:
     run = _run(tmp_path)
     recounted = recount_run(run)
-    assert recounted["m1"] == {"correct": 1, "total": 2, "rate": 0.5}
-    assert recounted["m2"] == {"correct": 2, "total": 2, "rate": 1.0}
+    assert _count_keys(recounted["m1"]) == {"correct": 1, "total": 2, "rate": 0.5}
+    assert _count_keys(recounted["m2"]) == {"correct": 2, "total": 2, "rate": 1.0}
     assert recounted["unaligned"] == 1
 
 
