@@ -97,9 +97,7 @@ def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[s
             # The intervals are checked where claimed; the counts always.
             theirs = {k: v for k, v in theirs.items() if k not in _INTERVAL_KEYS or k in mine}
         if mine != theirs:
-            problems.append(
-                f"{key}: metrics say {mine!r}, recount gives {theirs!r}"
-            )
+            problems.append(f"{key}: metrics say {mine!r}, recount gives {theirs!r}")
     return problems
 
 

@@ -21,7 +21,10 @@ from typing import Any
 
 __all__ = [
     "CLUSTER_METHOD",
+    "METHOD_WORDS",
     "WILSON_METHOD",
+    "WILSON_SCENARIOS_METHOD",
+    "WILSON_TURNS_METHOD",
     "Z95",
     "ClusterSums",
     "cluster_se",
@@ -43,8 +46,20 @@ __all__ = [
 Z95 = 1.959963984540054
 #: ``ci95_method`` of a Wilson interval over independent outcomes (m1: one per scenario).
 WILSON_METHOD = "wilson"
-#: ``ci95_method`` of a clustered interval (m2: turns clustered by scenario).
-CLUSTER_METHOD = "cluster-robust (sandwich) SE by scenario, normal 95% interval"
+#: ``ci95_method`` of a clustered interval (m2: turns clustered by scenario): the
+#: cluster-robust (sandwich) SE of the ratio estimator, normal 95% interval.
+CLUSTER_METHOD = "cluster-sandwich"
+#: ``ci95_method`` where the sandwich SE is 0: Wilson over the scenarios (see below).
+WILSON_SCENARIOS_METHOD = "wilson-over-scenarios"
+#: ``ci95_method`` with a single scenario: Wilson over its turns.
+WILSON_TURNS_METHOD = "wilson-over-turns"
+#: Each ``ci95_method`` in words.
+METHOD_WORDS = {
+    WILSON_METHOD: "Wilson",
+    CLUSTER_METHOD: "clustered by scenario",
+    WILSON_SCENARIOS_METHOD: "Wilson over scenarios (sandwich SE is 0)",
+    WILSON_TURNS_METHOD: "Wilson over turns (one scenario)",
+}
 
 
 def wilson_interval(correct: int, total: int, z: float = Z95) -> tuple[float, float]:
@@ -179,7 +194,6 @@ def cluster_se(sums: ClusterSums) -> float | None:
     return math.sqrt(var)
 
 
-
 def clustered_rate_with_ci(correct: int, sums: ClusterSums) -> dict[str, Any]:
     """``{correct, total, rate, ci95, ci95_method, clusters}`` for a mean of 0/1 scores in
     clusters (m2: turns clustered by scenario); ``sums`` are over the clusters' correct
@@ -202,13 +216,10 @@ def clustered_rate_with_ci(correct: int, sums: ClusterSums) -> dict[str, Any]:
     se = cluster_se(sums)
     if se is None:
         ci = list(wilson_interval(correct, total))
-        method = f"{WILSON_METHOD} over the turns (one scenario: no clustering possible)"
+        method = WILSON_TURNS_METHOD
     elif se == 0.0:
         ci = list(wilson_interval(round(rate * g), g))
-        method = (
-            f"{WILSON_METHOD} over the {g} scenarios (the sandwich SE is 0: every scenario "
-            "scored alike)"
-        )
+        method = WILSON_SCENARIOS_METHOD
     else:
         ci = [max(0.0, rate - Z95 * se), min(1.0, rate + Z95 * se)]
         method = CLUSTER_METHOD
@@ -388,10 +399,8 @@ def interval_words(block: Mapping[str, Any]) -> str:
     if not ci:
         return ""
     shown = f"95% CI [{ci[0] * 100:.2f}%, {ci[1] * 100:.2f}%]"
-    method = block.get("ci95_method") or WILSON_METHOD
+    method = str(block.get("ci95_method") or WILSON_METHOD)
     if "clusters" not in block:
         return f"{shown}, Wilson over {block['total']} scenarios"
     sample = f"{block['total']} turns in {block['clusters']} scenarios"
-    if method == CLUSTER_METHOD:
-        return f"{shown}, clustered by scenario: {sample}"
-    return f"{shown}, {method}: {sample}"
+    return f"{shown}, {METHOD_WORDS.get(method, method)}: {sample}"
