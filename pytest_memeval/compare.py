@@ -397,13 +397,13 @@ def paired_m2(run_a: RunData, run_b: RunData, ids: Sequence[str]) -> dict[str, A
     p = sign_flip_p([d for d, _ in diffs])
     # No interval from one scenario, nor where every scenario differs alike (SE 0: the
     # sandwich would claim a point; say "n/a" rather than a certainty nobody has).
-    has_ci = se is not None and se > 0
+    ci = None if se is None or se == 0 else [(delta - Z95 * se) * 100, (delta + Z95 * se) * 100]
     out.update(
         a=right_a / sums.n,
         b=right_b / sums.n,
         delta_pp=delta * 100,
-        ci95_pp=[(delta - Z95 * se) * 100, (delta + Z95 * se) * 100] if has_ci else None,
-        ci95_method=CLUSTER_METHOD if has_ci else None,
+        ci95_pp=ci,
+        ci95_method=None if ci is None else CLUSTER_METHOD,
         p_value=p,
         significant=p < ALPHA,
         statement=describe_p(p, ALPHA),
