@@ -328,9 +328,15 @@ def mde_paired_binary(
     ``1 - beta`` when ``n delta^2 = (z_{1-alpha/2} sqrt(p_disc) + z_{1-beta}
     sqrt(p_disc - delta^2))^2``. Solved for ``delta`` (the left side grows and the right
     side shrinks with ``delta``, so one root on ``(0, sqrt(p_disc)]``). ``None`` when no
-    difference is detectable (no discordant pairs, or too few pairs for any).
+    difference is detectable: no discordant pairs, too few pairs for any, or so few
+    discordant pairs that the exact test could not reject even if all went one way (below 6
+    at alpha 0.05, where the normal approximation would still promise power).
     """
     if n <= 0 or p_disc <= 0:
+        return None
+    if mcnemar_exact(round(p_disc * n), 0) >= alpha:
+        # Even if every discordant pair went one way the exact test could not reject: the
+        # normal approximation behind Connor's formula would promise what cannot happen.
         return None
     za, zb = normal_quantile(1 - alpha / 2), normal_quantile(power)
 
@@ -350,10 +356,11 @@ def min_detectable_drop(n: int, alpha: float = 0.05, power: float = 0.8) -> floa
     Connor's formula (:func:`mde_paired_binary`) with the least discordance a difference
     ``delta`` allows: ``p_disc = delta`` (every changed scenario changed the same way). Any
     real comparison, where some scenarios also change the other way, needs more. What the
-    baseline's sample alone can resolve, before the candidate has run.
+    baseline's sample alone can resolve, before the candidate has run. ``None`` when even
+    every scenario changing one way would not be significant in the exact test (n < 6).
     """
-    if n <= 0:
-        return None
+    if n <= 0 or mcnemar_exact(n, 0) >= alpha:
+        return None  # not even all n scenarios changing one way would be significant
     za, zb = normal_quantile(1 - alpha / 2), normal_quantile(power)
 
     def gap(delta: float) -> float:
