@@ -379,6 +379,7 @@ def paired_m2(run_a: RunData, run_b: RunData, ids: Sequence[str]) -> dict[str, A
         "of": len(ids),
         "not_comparable": len(ids) - sums.clusters,
         "turns": sums.n,
+        "changed": sum(1 for d, _ in diffs if d),
         "a": None,
         "b": None,
         "delta_pp": None,
@@ -531,6 +532,8 @@ def m2_delta_lines(result: Mapping[str, Any]) -> list[str]:
         )
         if m2["ci95_pp"] is not None:
             line += f", 95% CI {fmt_pp_ci(m2['ci95_pp'])} (clustered by scenario)"
+        elif m2["changed"] == 0:
+            line += ", 95% CI n/a (no compared scenario changed its m2 score)"
         else:
             line += ", 95% CI n/a (one scenario, or every scenario differs alike)"
         line += f"; exact sign-flip permutation test: {m2['statement']}"

@@ -46,13 +46,17 @@ from .runfactory import (
 )
 from .test_report import INJECTED, Page
 
+# Imported once, at collection: pytester restores sys.modules after each test, and numpy's
+# extension modules cannot be imported a second time in one process.
 np = pytest.importorskip("numpy")
+sm = pytest.importorskip("statsmodels.api")
+multitest = pytest.importorskip("statsmodels.stats.multitest")
+scipy_stats = pytest.importorskip("scipy.stats")
 
 
 def _statsmodels_cluster(scores: list[float], groups: list[int]) -> tuple[float, float, Any]:
     """Mean, cluster-robust SE and 95% interval of ``scores`` by ``groups``: OLS on a constant
     with statsmodels' cluster covariance (its default small-sample factor G/(G-1))."""
-    sm = pytest.importorskip("statsmodels.api")
     res = sm.OLS(np.asarray(scores, float), np.ones((len(scores), 1))).fit(
         cov_type="cluster", cov_kwds={"groups": np.asarray(groups)}
     )
@@ -126,8 +130,7 @@ def test_seed_table_mcnemar_and_minimum_detectable_difference() -> None:
     mde = mde_paired_binary(189, 10 / 189)
     assert mde is not None and 0.04 < mde < 0.05  # "roughly 4-5 pp" (issue 14)
     # Connor (1987) from the definition: the power at that delta is 80%.
-    from scipy.stats import norm
-
+    norm = scipy_stats.norm
     p = 10 / 189
     power = norm.cdf(
         (math.sqrt(189) * mde - norm.ppf(0.975) * math.sqrt(p)) / math.sqrt(p - mde**2)
@@ -148,8 +151,6 @@ def test_newcombe_paired_interval_matches_the_published_example() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_sign_flip_p_matches_scipy_and_brute_force(seed: int) -> None:
-    from scipy.stats import permutation_test
-
     rng = random.Random(seed)
     diffs = [rng.randint(-4, 5) for _ in range(rng.randint(3, 11))]
     brute = sum(
@@ -158,7 +159,7 @@ def test_sign_flip_p_matches_scipy_and_brute_force(seed: int) -> None:
     ) / 2 ** len(diffs)
     assert sign_flip_p(diffs) == pytest.approx(brute, rel=1e-12)
     x, y = np.zeros(len(diffs)), np.asarray(diffs, float)
-    ref = permutation_test(
+    ref = scipy_stats.permutation_test(
         (y, x),
         lambda a, b, axis: np.sum(a - b, axis=axis),
         permutation_type="samples",
@@ -176,10 +177,9 @@ def test_sign_flip_p_scales_to_a_full_benchmark() -> None:
 
 
 def test_holm_matches_statsmodels_and_holms_example() -> None:
-    multi = pytest.importorskip("statsmodels.stats.multitest")
     rng = random.Random(7)
     ps = [rng.random() ** 3 for _ in range(12)]
-    assert holm(ps) == pytest.approx(list(multi.multipletests(ps, method="holm")[1]), rel=1e-12)
+    assert holm(ps) == pytest.approx(list(multitest.multipletests(ps, method="holm")[1]), rel=1e-12)
     # Textbook: 0.01, 0.04, 0.03, 0.005 -> 0.03, 0.06, 0.06, 0.02.
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
 
@@ -276,9 +276,8 @@ def test_compare_many_holm_and_leaderboard(
     runs = [load_run(p) for p in (good, best, same)]
     result = compare_many(load_run(base), runs)
     raw = [p["mcnemar"]["p_value"] for p in result["runs"]]
-    multi = pytest.importorskip("statsmodels.stats.multitest")
     assert [p["mcnemar"]["p_holm"] for p in result["runs"]] == pytest.approx(
-        list(multi.multipletests(raw, method="holm")[1])
+        list(multitest.multipletests(raw, method="holm")[1])
     )
     rates = [row["m1"]["rate"] for row in result["leaderboard"]]
     assert rates == sorted(rates, reverse=True) and len(rates) == 4
