@@ -396,3 +396,38 @@ def test_end_to_end_interval_summary_and_gate_warning(
             "resolve*may flap*",
         ]
     )
+
+
+def test_real_model_runs_compared_paired(
+    memeval_project: MemevalProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo checkpoint with and without its adapter on the same 3 scenarios (one run
+    under xdist): every scenario has the same turns, so m2 is compared paired on all of them,
+    and the numbers agree with statsmodels on the two runs' predictions."""
+    memeval_project.write(variant="baseline", n=3)
+    assert memeval_project.run("--ckpt", "demo").ret in (0, 1)
+    assert memeval_project.run("--ckpt", "base", "-n", "2").ret in (0, 1)
+    base, demo = memeval_project.run_dir("base"), memeval_project.run_dir("demo")
+    capsys.readouterr()  # pytester's own "running: ..." lines
+    assert main(["compare", str(base), str(demo), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    preds_a = {r["id"]: r for r in memeval_project.predictions("base")}
+    preds_b = {r["id"]: r for r in memeval_project.predictions("demo")}
+    scores, groups, flips = [], [], [0, 0]
+    for g, sid in enumerate(preds_a):
+        ra, rb = preds_a[sid], preds_b[sid]
+        flips[0] += rb["final_match"] and not ra["final_match"]
+        flips[1] += ra["final_match"] and not rb["final_match"]
+        for ta, tb in zip(ra["turns"], rb["turns"], strict=True):
+            if ra["aligned"] and ta["match"] is not None:
+                scores.append(float(tb["match"]) - float(ta["match"]))
+                groups.append(g)
+    m2 = data["m2_paired"]
+    assert m2["scenarios"] == 3 and m2["not_comparable"] == 0 and m2["turns"] == len(scores)
+    assert m2["delta_pp"] == pytest.approx(100 * sum(scores) / len(scores))
+    if m2["ci95_pp"] is not None:
+        _mean, _se, (low, high) = _statsmodels_cluster(scores, groups)
+        assert m2["ci95_pp"] == pytest.approx([low * 100, high * 100], rel=1e-9)
+    assert (data["mcnemar"]["fixed"], data["mcnemar"]["broken"]) == tuple(flips)
+    assert data["m1_mde_pp"] is None  # 3 scenarios: nothing is detectable, and it says so
+    assert "no m1 difference is detectable" in data["m1_power"]["statement"]
