@@ -583,7 +583,7 @@ def _forest_plot(result: Mapping[str, Any]) -> str:
             f'<line x1="{x(t):.1f}" y1="{top - 8}" x2="{x(t):.1f}" y2="{axis_y}" '
             f'stroke="{"#77808b" if t == 0 else "#e3e6ea"}"/>'
             f'<text x="{x(t):.1f}" y="{axis_y + 16}" font-size="11" text-anchor="middle" '
-            f'fill="#5b6470">{t:+g}</text>'
+            f'fill="#5b6470">{f"{t:+g}" if t else "0"}</text>'
         )
     parts.append(
         f'<text x="{left + plot_w / 2:.1f}" y="{height - 2}" font-size="11" '
