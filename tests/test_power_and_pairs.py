@@ -431,3 +431,22 @@ def test_real_model_runs_compared_paired(
     assert (data["mcnemar"]["fixed"], data["mcnemar"]["broken"]) == tuple(flips)
     assert data["m1_mde_pp"] is None  # 3 scenarios: nothing is detectable, and it says so
     assert "no m1 difference is detectable" in data["m1_power"]["statement"]
+
+
+def test_pytest_html_summary_shows_clustered_interval_and_gate_warning() -> None:
+    from pytest_memeval.gate import GateCheck, GateOutcome
+    from pytest_memeval.metrics import Tally
+    from pytest_memeval.report import summary_html
+
+    records = [
+        make_record(f"s{i}", i, final_match=i % 2 == 0, turn_matches=[True, i % 3 == 0])
+        for i in range(6)
+    ]
+    metrics = {"ckpt": "c<k>", "complete": True, **Tally().extend(records).counts()}
+    gate = GateOutcome(checks=[GateCheck("m1", True, "ok")], warnings=["may <flap>"])
+    html = summary_html(metrics, gate)
+    m2 = metrics["m2"]
+    assert m2["ci95_method"] == CLUSTER_METHOD and m2["clusters"] == 6
+    assert f"clustered by scenario: {m2['total']} turns in 6 scenarios" in html
+    assert "Wilson over 6 scenarios" in html
+    assert "WARN: may &lt;flap&gt;" in html and "c&lt;k&gt;" in html
