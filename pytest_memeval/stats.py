@@ -229,6 +229,11 @@ def clustered_rate_with_ci(correct: int, sums: ClusterSums) -> dict[str, Any]:
 # -- paired m2: exact sign-flip permutation test ---------------------------------------------
 
 
+#: Bit operations the exact sign-flip count may take (about a second); beyond, the normal
+#: approximation of the same permutation distribution.
+_EXACT_BUDGET = 10**10
+
+
 def sign_flip_p(differences: Sequence[int]) -> float:
     """Two-sided exact paired permutation (sign-flip) p-value of ``sum(differences)``.
 
@@ -239,7 +244,9 @@ def sign_flip_p(differences: Sequence[int]) -> float:
     differences, counted exactly (no sampling, no seed): ``T = 2P - A`` where ``P`` is the sum
     of the differences given a plus sign and ``A = sum |d_c|``, and the number of subsets per
     ``P`` is a coefficient of ``prod_c (1 + x^|d_c|)``, a polynomial multiplied here as one
-    big integer (one slot of ``k + 2`` bits per power of ``x``).
+    big integer (one slot of ``k + 2`` bits per power of ``x``). Beyond about a second of
+    that (thousands of changed scenarios), the normal approximation of the same
+    distribution.
     """
     values = [abs(int(d)) for d in differences if d]
     t_obs = abs(sum(int(d) for d in differences))
@@ -247,6 +254,13 @@ def sign_flip_p(differences: Sequence[int]) -> float:
         return 1.0
     k, total = len(values), sum(values)
     width = k + 2
+    if k * total * width > _EXACT_BUDGET:
+        # Thousands of changed scenarios: the exact count would take minutes. T is then a
+        # sum of many bounded independent terms, and the normal approximation of its
+        # permutation distribution (mean 0, variance sum d_c^2; continuity correction 1,
+        # half T's lattice step of 2) is accurate far beyond the digits a p-value is read to.
+        z = (t_obs - 1) / math.sqrt(sum(v * v for v in values))
+        return min(1.0, 2 * NormalDist().cdf(-z))
     poly = 1
     for v in values:
         poly += poly << (v * width)

@@ -176,6 +176,21 @@ def test_sign_flip_p_scales_to_a_full_benchmark() -> None:
     assert 0 < p < 1 and sign_flip_p([0, 0]) == 1.0 and sign_flip_p([5]) == 1.0
 
 
+def test_sign_flip_normal_approximation_agrees_with_the_exact_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pytest_memeval.stats as stats
+
+    rng = random.Random(5)
+    for shift in (0, 1, 3):
+        diffs = [rng.randint(-3, 3) for _ in range(400)] + [1] * (10 * shift)
+        exact = sign_flip_p(diffs)
+        monkeypatch.setattr(stats, "_EXACT_BUDGET", 0)
+        approx = sign_flip_p(diffs)
+        monkeypatch.undo()
+        assert approx == pytest.approx(exact, abs=2e-3)
+
+
 def test_holm_matches_statsmodels_and_holms_example() -> None:
     rng = random.Random(7)
     ps = [rng.random() ** 3 for _ in range(12)]
