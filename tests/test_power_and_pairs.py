@@ -2,7 +2,7 @@
 
 References used only here: statsmodels (cluster-robust OLS standard errors, Holm), scipy
 (the exact permutation test), published worked examples (Fagerland, Lydersen & Laake's paired
-interval, Holm 1979's example, the seed's table), and brute-force enumeration.
+interval, the seed's table), hand-worked values and brute-force enumeration.
 """
 
 from __future__ import annotations
