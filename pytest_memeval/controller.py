@@ -30,6 +30,7 @@ from .rundir import (
 )
 from .sharding import shard_scope
 from .state import MemevalState
+from .stats import interval_words
 
 __all__ = ["MemevalController"]
 
@@ -270,12 +271,18 @@ def _status(m: dict[str, Any]) -> str:
     return "INCOMPLETE"
 
 
+def _with_ci(line: str, block: dict[str, Any]) -> list[str]:
+    # The interval under the rate, with its method and sample (m2: turns in scenarios).
+    words = interval_words(block)
+    return [line, " " * 16 + words] if words else [line]
+
+
 def format_summary(m: dict[str, Any]) -> str:
     """The terminal lines for a metrics dict."""
     lines = [
         f"ckpt {m['ckpt']}: {m['n']} scenarios ({_status(m)})",
-        f"m1 final-query: {_pct(m['m1'])}",
-        f"m2 turn-level:  {_pct(m['m2'])}  (aligned scenarios only)",
+        *_with_ci(f"m1 final-query: {_pct(m['m1'])}", m["m1"]),
+        *_with_ci(f"m2 turn-level:  {_pct(m['m2'])}  (aligned scenarios only)", m["m2"]),
         f"unaligned: {m['unaligned']}/{m['n']}   parse failures: final {m['parse_fail']['final']}, "
         f"turns {m['parse_fail']['turns']}",
     ]

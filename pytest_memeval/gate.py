@@ -41,6 +41,7 @@ __all__ = [
     "GateSettings",
     "evaluate_gate",
     "parse_rate",
+    "resolution_warnings",
     "wrong_answer",
 ]
 
@@ -127,6 +128,8 @@ class Baseline:
     path: Path
     m1: tuple[int, int]
     m2: tuple[int, int]
+    #: Each scenario's m1 outcome in the baseline (for the discordance of a paired run).
+    m1_outcomes: Mapping[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ def _load_baseline(path: Path, state: MemevalState) -> Baseline:
         path=path,
         m1=(m["m1"]["correct"], m["m1"]["total"]),
         m2=(m["m2"]["correct"], m["m2"]["total"]),
+        m1_outcomes={sid: rec["final_match"] is True for sid, rec in run.records.items()},
     )
 
 
@@ -208,6 +212,9 @@ class GateOutcome:
     """All gate checks of the session (kept in ``config.stash[GATE_KEY]``)."""
 
     checks: list[GateCheck] = field(default_factory=list)
+    #: Why a passing or failing verdict may not mean much (e.g. a max drop the sample
+    #: cannot resolve); shown with the checks, never changing them.
+    warnings: list[str] = field(default_factory=list)
     forgiven: int = 0
     exitstatus: int | None = None
 
@@ -285,6 +292,52 @@ def evaluate_gate(settings: GateSettings, metrics: Mapping[str, Any]) -> list[Ga
     return checks
 
 
+def resolution_warnings(
+    settings: GateSettings, run_outcomes: Mapping[str, bool] | None = None
+) -> list[str]:
+    """Warnings when ``--memeval-max-drop`` is finer than the baseline's sample can resolve.
+
+    Before the run: the best case of Connor's formula (every changed scenario changed the
+    same way, :func:`~pytest_memeval.stats.min_detectable_drop`) for the baseline's number
+    of scenarios. After it (``run_outcomes``: this run's m1 outcome per scenario): the
+    minimum detectable difference at the observed share of changed scenarios. The gate is
+    applied as written either way; the warning says why its verdict may flap.
+    """
+    from .stats import mde_paired_binary, min_detectable_drop
+
+    base = settings.baseline
+    if base is None or not base.m1[1]:
+        return []
+    n = base.m1[1]
+    limit = float(settings.max_drop)
+    out = []
+    best = min_detectable_drop(n)
+    best_pp = 100.0 if best is None else best * 100
+    if limit < best_pp:
+        out.append(
+            f"--memeval-max-drop {limit:g} pp is smaller than what the baseline's {n} "
+            f"scenarios can resolve: at 80% power and alpha 0.05, no m1 drop under "
+            f"{best_pp:.1f} pp can be told from chance even if every changed scenario got "
+            "worse. The gate applies as written, but it may flap: a few scenarios flipping "
+            "by chance move m1 by more than the limit"
+        )
+    if run_outcomes:
+        changed = sum(
+            1
+            for sid, ok in run_outcomes.items()
+            if sid in base.m1_outcomes and base.m1_outcomes[sid] != ok
+        )
+        mde = mde_paired_binary(n, changed / n) if changed else None
+        if mde is not None and limit < mde * 100:
+            out.append(
+                f"this run against the baseline: {changed} of {n} scenarios changed their m1 "
+                f"outcome; at that rate differences under {mde * 100:.1f} pp are not "
+                f"detectable (80% power, alpha 0.05), so a limit of {limit:g} pp is below the "
+                "noise of this comparison"
+            )
+    return out
+
+
 def wrong_answer(record: Mapping[str, Any]) -> bool:
     """Whether a scenario record holds a wrong answer (final or an aligned turn)."""
     if record.get("final_match") is not True:
@@ -318,6 +371,17 @@ class MemevalGate:
     def pytest_memeval_run_written(self, run_dir: Path, metrics: Mapping[str, Any]) -> None:
         self.wrote_run = True
         self.outcome.checks = evaluate_gate(self.settings, metrics)
+        if self.settings.baseline is not None:
+            from .rundir import PREDICTIONS, read_predictions
+
+            try:
+                outcomes = {
+                    rec["id"]: rec["final_match"] is True
+                    for rec in read_predictions(run_dir / PREDICTIONS)
+                }
+            except (OSError, ValueError, KeyError, TypeError):
+                outcomes = None  # the warning before the run still stands
+            self.outcome.warnings = resolution_warnings(self.settings, outcomes)
 
     def decide(self, session: pytest.Session) -> int:
         """The session's exit status under the gate (computed once, then fixed)."""
@@ -363,6 +427,8 @@ class MemevalGate:
         tr = terminalreporter
         status = self.decide(self.session)
         tr.section("memeval gate")
+        for warning in self.outcome.warnings:
+            tr.line("WARN  " + warning, yellow=True)
         for check in self.outcome.checks:
             tr.line(
                 ("PASS  " if check.passed else "FAIL  ") + check.detail,
@@ -448,7 +514,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     settings = _settings(config, state)
     if settings.active:
-        config.pluginmanager.register(MemevalGate(config, settings), "memeval-gate")
+        gate = MemevalGate(config, settings)
+        # Known before any model loads; the run adds its own figure when written.
+        gate.outcome.warnings = resolution_warnings(settings)
+        config.pluginmanager.register(gate, "memeval-gate")
     if expect:
         from .expect import ExpectError, load_known_failures
 

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .stats import ClusterSums, clustered_rate_with_ci, rate_with_ci
+
 __all__ = [
     "METRICS_SCHEMA_VERSION",
     "Tally",
@@ -38,6 +40,10 @@ def stop_flags_kind(without: int, n: int) -> str:
     return "absent" if without == n else "mixed"
 
 
+def _interval(block: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: block[k] for k in ("ci95", "ci95_method", "clusters") if k in block}
+
+
 @dataclass
 class Tally:
     """Running counts over scenario records."""
@@ -52,6 +58,8 @@ class Tally:
     generated_turns: int = 0
     no_stop_flags: int = 0  # records replayed from predictions without stop flags
     by_position: dict[int, list[int]] = field(default_factory=dict)
+    #: m2's turns clustered by scenario (for its interval): integer sums, constant memory.
+    m2_clusters: ClusterSums = field(default_factory=ClusterSums)
 
     def add(self, record: Mapping[str, Any]) -> None:
         self.n += 1
@@ -60,15 +68,20 @@ class Tally:
         self.no_stop_flags += record.get("final_stopped") is None
         if not record["aligned"]:
             self.unaligned += 1
+        scored = right = 0
         for turn in record["turns"]:
             self.parse_fail_turns += bool(turn["parse_fail"])
             self.generated_turns += bool(turn.get("generated", True))
             if record["aligned"] and turn["match"] is not None:
-                self.m2_total += 1
-                self.m2_correct += bool(turn["match"])
+                scored += 1
+                right += bool(turn["match"])
                 slot = self.by_position.setdefault(int(turn["index"]), [0, 0])
                 slot[0] += bool(turn["match"])
                 slot[1] += 1
+        self.m2_total += scored
+        self.m2_correct += right
+        if scored:
+            self.m2_clusters = self.m2_clusters.add(right, scored)
 
     def extend(self, records: Iterable[Mapping[str, Any]]) -> Tally:
         for record in records:
@@ -76,11 +89,20 @@ class Tally:
         return self
 
     def counts(self) -> dict[str, Any]:
-        """The count fields of ``metrics.json`` (those the recount must reproduce)."""
+        """The count fields of ``metrics.json`` (those the recount must reproduce).
+
+        m1 carries its 95% Wilson interval; m2 its interval clustered by scenario (the turns
+        of one scenario share a scene and a history: they are not independent), with the
+        number of clusters. ``ci95_method`` names the method (docs/statistics.md).
+        """
+        m1 = rate_with_ci(self.m1_correct, self.n)
         return {
             "n": self.n,
-            "m1": rate_block(self.m1_correct, self.n),
-            "m2": rate_block(self.m2_correct, self.m2_total),
+            "m1": {**rate_block(self.m1_correct, self.n), **_interval(m1)},
+            "m2": {
+                **rate_block(self.m2_correct, self.m2_total),
+                **_interval(clustered_rate_with_ci(self.m2_correct, self.m2_clusters)),
+            },
             "unaligned": self.unaligned,
             "parse_fail": {"final": self.parse_fail_final, "turns": self.parse_fail_turns},
             "stop_flags": stop_flags_kind(self.no_stop_flags, self.n),

@@ -1,4 +1,8 @@
-"""``memeval report RUN [RUN_B] -o report.html``: one self-contained HTML page.
+"""``memeval report RUN [RUN_B ...] -o report.html``: one self-contained HTML page.
+
+With more than two runs, the page compares each with the first (the baseline): a
+leaderboard, a forest plot of the m1 deltas with their paired intervals, and each run's
+numbers and flipped scenarios on demand (``<details>``). With one or two, as follows.
 
 The page holds the comparison table (m1/m2 with 95% Wilson intervals, unaligned, parse
 failures, delta, divergent, the McNemar verdict), the flipped scenarios, inline SVG charts
@@ -26,15 +30,19 @@ from typing import TYPE_CHECKING, Any
 from .compare import (
     CompareError,
     RunData,
+    compare_many,
     compare_runs,
     fmt_ci,
+    fmt_m2_ci,
     fmt_pp,
+    fmt_pp_ci,
     fmt_rate,
     load_run,
+    m2_delta_lines,
     run_summary,
 )
 from .ids import param_id
-from .stats import rate_with_ci
+from .stats import interval_words, rate_with_ci
 
 if TYPE_CHECKING:
     from .gate import GateOutcome
@@ -42,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "cli_arguments",
     "cli_main",
+    "render_many",
     "render_report",
     "scenario_detail_html",
     "summary_html",
@@ -176,14 +185,14 @@ def summary_html(metrics: Mapping[str, Any] | None, gate: GateOutcome | None) ->
         return "<div class='memeval-summary'><h2>memeval</h2><p>no run was written</p></div>"
     cell = "style='padding:2px 12px 2px 0;text-align:left'"
     lines = [f"<h2>memeval: {escape(str(metrics.get('ckpt')))}</h2><table>"]
-    lines.append(
-        f"<tr><th {cell}></th><th {cell}>count</th><th {cell}>95% Wilson interval</th></tr>"
-    )
+    lines.append(f"<tr><th {cell}></th><th {cell}>count</th><th {cell}>95% interval</th></tr>")
     for key, name in (("m1", "m1 final-query"), ("m2", "m2 turn-level")):
-        block = rate_with_ci(metrics[key]["correct"], metrics[key]["total"])
+        block = dict(metrics[key])
+        if "ci95" not in block:  # a metrics.json from before the intervals were written
+            block = rate_with_ci(block["correct"], block["total"])
         lines.append(
             f"<tr><td {cell}>{name}</td><td class='num' {cell}>{escape(fmt_rate(block))}</td>"
-            f"<td class='num' {cell}>{escape(fmt_ci(block))}</td></tr>"
+            f"<td {cell}>{escape(interval_words(block) or '-')}</td></tr>"
         )
     lines.append("</table>")
     pf = metrics["parse_fail"]
@@ -196,6 +205,9 @@ def summary_html(metrics: Mapping[str, Any] | None, gate: GateOutcome | None) ->
         verdict = "PASSED" if gate.passed else "FAILED"
         color = "#1b7f3b" if gate.passed else "#b3261e"
         lines.append(f"<p style='font-weight:600;color:{color}'>gate {verdict}</p><ul>")
+        lines += [
+            f"<li style='color:#8a6100'>WARN: {escape(warning)}</li>" for warning in gate.warnings
+        ]
         lines += [
             f"<li style='color:{'#1b7f3b' if c.passed else '#b3261e'}'>"
             f"{'PASS' if c.passed else 'FAIL'}: {escape(c.detail)}</li>"
@@ -347,7 +359,8 @@ def _single(run: RunData) -> dict[str, Any]:
 def _summary_table(result: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> str:
     head = (
         "<tr><th>run</th><th>m1 final-query</th><th>m1 95% CI</th><th>m2 turn-level</th>"
-        "<th>m2 95% CI</th><th>unaligned</th><th>parse failures (final / turns)</th></tr>"
+        "<th>m2 95% CI (by scenario)</th><th>unaligned</th>"
+        "<th>parse failures (final / turns)</th></tr>"
     )
     body = ""
     for i, run in enumerate(runs):
@@ -358,7 +371,7 @@ def _summary_table(result: Mapping[str, Any], runs: Sequence[Mapping[str, Any]])
             f"<td class='num m1'>{escape(fmt_rate(run['m1']))}</td>"
             f"<td class='num'>{escape(fmt_ci(run['m1']))}</td>"
             f"<td class='num m2'>{escape(fmt_rate(run['m2']))}</td>"
-            f"<td class='num'>{escape(fmt_ci(run['m2']))}</td>"
+            f"<td class='num'>{escape(fmt_m2_ci(run['m2']))}</td>"
             f"<td class='num'>{run['unaligned']}/{run['n']}</td>"
             f"<td class='num'>{run['parse_fail']['final']} / {run['parse_fail']['turns']}</td></tr>"
         )
@@ -371,8 +384,13 @@ def _summary_table(result: Mapping[str, Any], runs: Sequence[Mapping[str, Any]])
     out += (
         "<table id='paired'><tbody>"
         f"<tr><th>m1 delta (B − A)</th><td class='num' id='delta'>{fmt_pp(result['m1_delta_pp'])} "
-        f"({d:+d} scenarios)</td></tr>"
-        f"<tr><th>m2 delta (B − A)</th><td class='num'>{fmt_pp(result['m2_delta_pp'])}</td></tr>"
+        f"({d:+d} scenarios), 95% CI {escape(fmt_pp_ci(result['m1_delta_ci95_pp']))} "
+        "(paired, Newcombe)</td></tr>"
+        f"<tr><th>m2 delta (B − A)</th><td id='m2-delta'>"
+        + "<br>".join(escape(line.strip()) for line in m2_delta_lines(result))
+        + "</td></tr>"
+        f"<tr><th>power (m1)</th><td id='power'>{escape(result['m1_power']['statement'])}"
+        "</td></tr>"
         f"<tr><th>divergent</th><td class='num' id='divergent'>{div['count']}/{div['total']} "
         "</td></tr>"
         f"<tr><th>paired test on m1</th><td>exact McNemar: {mc['fixed']} fixed, {mc['broken']} "
@@ -514,7 +532,7 @@ def render_report(runs: Sequence[RunData]) -> str:
     charts = (
         "<div class='charts'>"
         + _interval_chart("m1 final-query, 95% Wilson interval", summaries, "m1")
-        + _interval_chart("m2 turn-level, 95% Wilson interval", summaries, "m2")
+        + _interval_chart("m2 turn-level, 95% interval clustered by scenario", summaries, "m2")
         + _position_chart(summaries)
         + "</div>"
     )
@@ -534,24 +552,217 @@ def render_report(runs: Sequence[RunData]) -> str:
     )
 
 
+# -- many runs against one baseline ----------------------------------------------------------
+
+
+def _forest_plot(result: Mapping[str, Any]) -> str:
+    """m1 delta (run - baseline) per run with its paired 95% interval, on a pp axis through 0."""
+    rows = [r for r in result["leaderboard"] if not r["baseline"]]
+    bounds = [0.0]
+    for r in rows:
+        bounds.append(r["m1_delta_pp"])
+        if r["m1_delta_ci95_pp"] is not None:
+            bounds += list(r["m1_delta_ci95_pp"])
+    reach = max(1.0, max(abs(b) for b in bounds))
+    step = next(t for t in (0.5, 1, 2, 5, 10, 20, 25, 50) if reach / t <= 5)
+    reach = step * -(-reach // step)
+    width, left, right, row_h, top = 720, 200, 230, 30, 26
+    plot_w = width - left - right
+
+    def x(v: float) -> float:
+        return left + (v + reach) / (2 * reach) * plot_w
+
+    axis_y = top + row_h * len(rows)
+    height = axis_y + 34
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'role="img" aria-label="m1 delta against the baseline, 95% paired intervals" '
+        'class="forest-plot">'
+    ]
+    ticks = int(2 * reach / step)
+    for i in range(ticks + 1):
+        t = -reach + i * step
+        parts.append(
+            f'<line x1="{x(t):.1f}" y1="{top - 8}" x2="{x(t):.1f}" y2="{axis_y}" '
+            f'stroke="{"#77808b" if t == 0 else "#e3e6ea"}"/>'
+            f'<text x="{x(t):.1f}" y="{axis_y + 16}" font-size="11" text-anchor="middle" '
+            f'fill="#5b6470">{f"{t:+g}" if t else "0"}</text>'
+        )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 2}" font-size="11" '
+        'text-anchor="middle" fill="#5b6470">m1 delta vs baseline, percentage points</text>'
+    )
+    for i, r in enumerate(rows):
+        y = top + row_h * i + row_h / 2
+        color = COLORS[1] if r["m1_p_holm"] < 0.05 else COLORS[0]
+        ci = r["m1_delta_ci95_pp"]
+        label = escape(r["label"])
+        parts.append(
+            f'<text x="{left - 8}" y="{y + 4:.1f}" font-size="12" text-anchor="end">'
+            f"{escape(_short(r['label'], 28))}</text>"
+        )
+        whisker = ""
+        if ci is not None:
+            lo, hi = ci
+            whisker = (
+                f'<line x1="{x(lo):.1f}" y1="{y:.1f}" x2="{x(hi):.1f}" y2="{y:.1f}" '
+                f'stroke="{color}" stroke-width="2"/>'
+                f'<line x1="{x(lo):.1f}" y1="{y - 6:.1f}" x2="{x(lo):.1f}" y2="{y + 6:.1f}" '
+                f'stroke="{color}" stroke-width="2"/>'
+                f'<line x1="{x(hi):.1f}" y1="{y - 6:.1f}" x2="{x(hi):.1f}" y2="{y + 6:.1f}" '
+                f'stroke="{color}" stroke-width="2"/>'
+            )
+        parts.append(
+            f'<g class="forest-row" data-run="{label}"><title>{label}: '
+            f"{escape(fmt_pp(r['m1_delta_pp']))}, 95% CI {escape(fmt_pp_ci(ci))}, "
+            f"Holm-adjusted p = {r['m1_p_holm']:.4g}</title>{whisker}"
+            f'<circle cx="{x(r["m1_delta_pp"]):.1f}" cy="{y:.1f}" r="5" fill="{color}"/></g>'
+            f'<text x="{width - right + 10}" y="{y + 4:.1f}" font-size="12">'
+            f"{escape(fmt_pp(r['m1_delta_pp']))} {escape(fmt_pp_ci(ci))}</text>"
+        )
+    parts.append("</svg>")
+    return (
+        '<div class="chart"><h3>m1 delta against the baseline, 95% paired interval '
+        "(Newcombe)</h3>" + "".join(parts) + "</div>"
+    )
+
+
+def _leaderboard(result: Mapping[str, Any]) -> str:
+    head = (
+        "<tr><th>#</th><th>run</th><th>m1 final-query</th><th>m1 95% CI</th>"
+        "<th>m1 delta vs baseline</th><th>delta 95% CI</th><th>McNemar p (Holm)</th>"
+        "<th>m1 MDE</th><th>m2 turn-level</th><th>m2 95% CI (by scenario)</th>"
+        "<th>m2 paired delta</th><th>m2 p (Holm)</th></tr>"
+    )
+    body = ""
+    for r in result["leaderboard"]:
+        base = r["baseline"]
+        cells = [
+            str(r["rank"]),
+            f"<b>{escape(r['label'])}</b>{' (baseline)' if base else ''}<br>"
+            f"<small class='na'>{escape(r['path'])}</small>",
+            escape(fmt_rate(r["m1"])),
+            escape(fmt_ci(r["m1"])),
+        ]
+        if base:
+            cells += [""] * 4
+        else:
+            cells += [
+                escape(fmt_pp(r["m1_delta_pp"])),
+                escape(fmt_pp_ci(r["m1_delta_ci95_pp"])),
+                f"{r['m1_p']:.4g} ({r['m1_p_holm']:.4g})",
+                "n/a" if r["m1_mde_pp"] is None else f"{r['m1_mde_pp']:.1f} pp",
+            ]
+        cells += [escape(fmt_rate(r["m2"])), escape(fmt_m2_ci(r["m2"]))]
+        if base or r["m2_paired_delta_pp"] is None:
+            cells += ["" if base else "not comparable", ""]
+        else:
+            cells += [
+                f"{escape(fmt_pp(r['m2_paired_delta_pp']))} over "
+                f"{r['m2_paired_scenarios']} scenarios",
+                f"{r['m2_p_holm']:.4g}",
+            ]
+        cls = "run baseline" if base else "run"
+        body += (
+            f"<tr class='{cls}'>"
+            + "".join(
+                f"<td class='num'>{c}</td>" if i not in (1,) else f"<td>{c}</td>"
+                for i, c in enumerate(cells)
+            )
+            + "</tr>"
+        )
+    return f"<table id='leaderboard'><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+def _pair_details(pair: Mapping[str, Any]) -> str:
+    """One run against the baseline, collapsed: its paired numbers and its flips."""
+    mc, flips = pair["mcnemar"], pair["flips"]
+    d = pair["m1_delta_scenarios"]
+    rows = [
+        (
+            "m1 delta",
+            f"{fmt_pp(pair['m1_delta_pp'])} ({d:+d} scenarios), 95% CI "
+            f"{fmt_pp_ci(pair['m1_delta_ci95_pp'])} (paired, Newcombe)",
+        ),
+        (
+            "paired test on m1",
+            f"exact McNemar: {mc['fixed']} fixed, {mc['broken']} broken; "
+            f"{mc['statement']}; Holm-adjusted p = {mc['p_holm']:.4g}",
+        ),
+        ("power (m1)", pair["m1_power"]["statement"]),
+        ("m2", " / ".join(line.strip() for line in m2_delta_lines(pair))),
+        ("divergent", f"{pair['divergent']['count']}/{pair['divergent']['total']} scenarios"),
+    ]
+    table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+    notes = "".join(f"<div class='note'>{escape(n)}</div>" for n in pair["notes"])
+
+    def ids(values: Sequence[str]) -> str:
+        if not values:
+            return "<p class='na'>none</p>"
+        return "<ul>" + "".join(f"<li>{escape(v)}</li>" for v in values) + "</ul>"
+
+    return (
+        f"<details class='pair'><summary><b>{escape(pair['b']['label'])}</b>: m1 "
+        f"{escape(fmt_pp(pair['m1_delta_pp']))}, {len(flips['fixed'])} fixed, "
+        f"{len(flips['broken'])} broken</summary>{notes}<table><tbody>{table}</tbody></table>"
+        "<div class='flips'>"
+        f"<div class='fixed'><h3 class='ok'>fixed: {len(flips['fixed'])} (wrong in the "
+        f"baseline, right here)</h3>{ids(flips['fixed'])}</div>"
+        f"<div class='broken'><h3 class='bad'>broken: {len(flips['broken'])} (right in the "
+        f"baseline, wrong here)</h3>{ids(flips['broken'])}</div></div></details>"
+    )
+
+
+def render_many(baseline: RunData, runs: Sequence[RunData]) -> str:
+    """One page for several runs against a baseline: the leaderboard, a forest plot of the
+    m1 deltas with their paired intervals, and each run's numbers and flips on demand."""
+    result = compare_many(baseline, runs)
+    base = result["baseline"]
+    title = f"memeval report: {len(runs)} runs against {base['label']}"
+    generated = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    pairs = "".join(_pair_details(pair) for pair in result["runs"])
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
+        "style-src 'unsafe-inline'; img-src data:\">"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body><main>"
+        f"<h1>{escape(title)}</h1><p class='sub'>{result['n']} scenarios · each run compared "
+        "with the baseline, paired; p-values Holm-corrected over the runs · generated "
+        f"{generated} by memeval report</p>"
+        f"<h2>Leaderboard (by m1)</h2>{_leaderboard(result)}"
+        "<p class='sub'>m1 MDE: the smallest m1 difference each comparison could detect (80% "
+        "power, alpha 0.05), from its number of changed scenarios. m2 paired delta: over the "
+        "scenarios both runs score on the same turns only.</p>"
+        f"<h2>m1 against the baseline</h2><div class='charts'>{_forest_plot(result)}</div>"
+        f"<h2>Each run</h2>{pairs}"
+        "</main></body></html>\n"
+    )
+
+
 def write_report(paths: Sequence[Path], output: Path) -> None:
-    """Load, check and render runs into ``output`` (atomically; raises CompareError)."""
+    """Load, check and render runs into ``output`` (atomically; raises CompareError).
+
+    One run: that run; two: A against B; more: each against the first (the baseline).
+    """
     from .rundir import atomic_write
 
     runs = [load_run(p) for p in paths]
-    atomic_write(output, [render_report(runs)])
+    page = render_report(runs) if len(runs) <= 2 else render_many(runs[0], runs[1:])
+    atomic_write(output, [page])
 
 
 def cli_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``memeval report``."""
-    parser.add_argument("run_a", type=Path, metavar="RUN", help="run directory (A)")
+    parser.add_argument("run_a", type=Path, metavar="RUN", help="run directory (A, the baseline)")
     parser.add_argument(
-        "run_b",
+        "runs",
         type=Path,
         metavar="RUN_B",
-        nargs="?",
-        default=None,
-        help="second run directory (B), compared against A",
+        nargs="*",
+        default=[],
+        help="second run directory (B), compared against A; several: each against A, on one "
+        "page with a leaderboard and a forest plot",
     )
     parser.add_argument(
         "-o",
@@ -564,7 +775,7 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_main(args: argparse.Namespace) -> int:
     """Write the report: 0 on success, 2 when a run is refused."""
-    paths = [args.run_a] + ([args.run_b] if args.run_b is not None else [])
+    paths = [args.run_a, *args.runs]
     try:
         write_report(paths, args.output)
     except CompareError as exc:

@@ -122,16 +122,26 @@ def write_run(
 SEED_N = 189
 SEED_FIXED = ("s0003", "s0010", "s0050", "s0100")
 SEED_BROKEN = ("s0020", "s0150")
+# The seed's table as issue 14 quotes it: the same 167/189 vs 169/189, but 6 fixed and 4
+# broken (exact McNemar p = 0.7539).
+SEED_TABLE_FIXED = ("s0003", "s0010", "s0050", "s0100", "s0120", "s0160")
+SEED_TABLE_BROKEN = ("s0020", "s0070", "s0150", "s0170")
 
 
-def seed_runs(tmp: Path) -> tuple[Path, Path]:
-    """Write the seed's baseline and oracle runs under ``tmp``; return their directories."""
+def seed_runs(
+    tmp: Path, fixed: Sequence[str] = SEED_FIXED, broken: Sequence[str] = SEED_BROKEN
+) -> tuple[Path, Path]:
+    """Write the seed's baseline and oracle runs under ``tmp``; return their directories.
+
+    Baseline 167/189 right, oracle 169/189: ``fixed`` and ``broken`` (``len(fixed) ==
+    len(broken) + 2``) are the scenarios whose m1 outcome flips."""
+    assert len(fixed) == len(broken) + 2
     ids = [f"s{i:04d}" for i in range(1, SEED_N + 1)]
-    # 18 scenarios both runs get wrong: baseline wrong = 18 + 4 fixed = 22 (167 right),
-    # oracle wrong = 18 + 2 broken = 20 (169 right).
-    both_wrong = set(ids[-18:])
-    base_wrong = both_wrong | set(SEED_FIXED)
-    oracle_wrong = both_wrong | set(SEED_BROKEN)
+    # 22 - len(fixed) scenarios both runs get wrong: baseline wrong = those + fixed = 22
+    # (167 right), oracle wrong = those + broken = 20 (169 right).
+    both_wrong = set(ids[-(22 - len(fixed)) :])
+    base_wrong = both_wrong | set(fixed)
+    oracle_wrong = both_wrong | set(broken)
     chain = ["pick mug from counter", "place mug in cabinet_left", "pick apple from table"]
     grounded = [
         "pick mug from counter",
