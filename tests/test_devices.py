@@ -32,7 +32,8 @@ from pytest_memeval.devices import (
     worker_device,
 )
 
-from .conftest import MemevalProject
+from .conftest import MemevalProject, demo_records, write_jsonl
+from .runfactory import replay_source
 
 # -- the device list ------------------------------------------------------------------------
 
@@ -268,7 +269,8 @@ def test_outer_cuda_visible_devices_is_split_among_workers(
         benchmark = "bench.jsonl"
         """,
     )
-    (memeval_project.path / "preds.jsonl").write_text("", "utf-8")
+    # The replay file is checked at configure: it needs a line per scenario even here.
+    write_jsonl(memeval_project.path / "preds.jsonl", replay_source(demo_records("oracle", 2)))
     memeval_project.pytester.makeconftest(RECORD_ENV)
     memeval_project.pytester.makepyfile(test_env="def test_env():\n    pass\n")
     result = memeval_project.run("--ckpt", "fixed", "-n", "2", "-k", "test_env")
