@@ -20,6 +20,7 @@ import pytest
 from . import hookspecs
 from .benchmark import Benchmark, BenchmarkError, from_records, load_jsonl
 from .model import CheckpointError, check_adapter_dir, check_model_dir, fingerprint_dir
+from .preflight import PreflightError
 from .profiles import Profile, ProfileError, resolve_profile
 from .state import STATE_KEY, MemevalState, is_worker, workerinput
 
@@ -103,6 +104,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "differing by at most 1); the run goes to runs/<ckpt>/shard-K-of-N unless "
         "--memeval-out is given. Merge the N shard runs with 'memeval merge'.",
     )
+    group.addoption(
+        "--memeval-allow-overlong",
+        dest="memeval_allow_overlong",
+        action="store_true",
+        default=None,
+        help="evaluate scenarios longer than the model's context (max_position_embeddings, "
+        "the tokenizer's model_max_length) instead of refusing the run; they are named before "
+        "the run and flagged in their records and the summary. Default: "
+        "memeval_allow_overlong ini.",
+    )
     parser.addini(
         "memeval_profiles",
         "TOML file holding [tool.memeval.ckpt.*] profiles (default: pyproject.toml in rootdir)",
@@ -110,6 +121,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("memeval_out", "parent directory of run directories", default="runs")
     parser.addini("memeval_decode", "default decode path (fast or reference)", default="fast")
+    parser.addini(
+        "memeval_allow_overlong",
+        "evaluate (and flag) scenarios longer than the model's context instead of refusing",
+        type="bool",
+        default=False,
+    )
 
 
 def profiles_file(config: pytest.Config) -> Path:
@@ -218,6 +235,12 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
             f"{benchmark.source}: this worker built different scenarios than the controller "
             "(a builder is not deterministic?)"
         )
+    overlong: dict[str, dict[str, int]] = {}
+    if profile.kind == "model" and wi is None:
+        # Once, on the controller, before any item runs or any worker loads weights.
+        overlong = _preflight(config, profile, benchmark, scope_ids)
+    elif wi is not None:
+        overlong = dict(wi.get("memeval_overlong", {}))
     fingerprints: dict[str, str | None] = (
         {"benchmark": benchmark.fingerprint}
         if wi is not None
@@ -231,7 +254,31 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
         decode_path="replay" if profile.kind == "replay" else str(decode),
         fingerprints=fingerprints,
         shard=shard,
+        extra={"overlong": overlong} if overlong else {},
     )
+
+
+def _preflight(
+    config: pytest.Config, profile: Profile, benchmark: Benchmark, scope_ids: list[str]
+) -> dict[str, dict[str, int]]:
+    """Template errors and over-long scenarios, before the run (:mod:`.preflight`); returns
+    the over-long scenarios the user allowed (id -> tokens, limit)."""
+    from .preflight import OverlongReport, preflight
+
+    assert profile.model is not None
+    allow = config.getoption("memeval_allow_overlong")
+    if allow is None:
+        allow = bool(config.getini("memeval_allow_overlong"))
+    by_id = benchmark.by_id()
+    result = preflight(
+        profile.model,
+        [by_id[sid] for sid in scope_ids],
+        max_new_tokens=profile.generation.max_new_tokens,
+        allow_overlong=bool(allow),
+    )
+    if result.overlong:
+        config.pluginmanager.register(OverlongReport(result), "memeval-overlong")
+    return result.overlong_records()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -244,7 +291,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     try:
         state = _build_state(config, name)
-    except (ProfileError, BenchmarkError, CheckpointError) as exc:
+    except (ProfileError, BenchmarkError, CheckpointError, PreflightError) as exc:
         raise pytest.UsageError(str(exc)) from None
     state.extra["started"] = time.time()
     config.stash[STATE_KEY] = state

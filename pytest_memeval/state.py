@@ -38,6 +38,8 @@ class MemevalWorkerInput(TypedDict, total=False):
     memeval_known_failures: list[str]
     memeval_known_failures_source: str
     memeval_resume_done: list[str]  # --memeval-resume: scenario ids the journal has
+    #: --memeval-allow-overlong: id -> {"tokens", "limit"} of those past the context (preflight.py)
+    memeval_overlong: dict[str, dict[str, int]]
     #: set by xdist itself: the controller's sys.argv (the user's own command line)
     mainargv: list[str]
 
