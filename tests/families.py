@@ -261,6 +261,8 @@ FAMILIES: dict[str, Family] = {
 }
 
 VOCAB_SIZE = 512
+LORA_B_SCALE = 0.1
+MODULES_TO_SAVE_NOISE = 0.05
 TRAIN_RECORDS = 96
 TRAIN_STEPS = 150
 #: Training windows are cut to this many tokens: the format (answer, end-of-turn token) is
@@ -456,8 +458,12 @@ def build_adapter(
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
         for pname, param in peft_model.named_parameters():
-            if "modules_to_save" in pname:
-                param.add_(torch.randn_like(param) * 0.5)
+            # Large enough to change some predictions, small enough to keep the format (the
+            # model still ends its turns).
+            if "lora_B" in pname:
+                param.mul_(LORA_B_SCALE)
+            elif "modules_to_save" in pname:
+                param.add_(torch.randn_like(param) * MODULES_TO_SAVE_NOISE)
     peft_model.save_pretrained(str(out))
     return out
 

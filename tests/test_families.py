@@ -70,6 +70,15 @@ class Built:
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The fixtures; and every module they need imported now, before any test's pytester
+    takes its sys.modules snapshot (modules first imported inside such a test are dropped at
+    its end, and torch and numpy cannot be imported twice in one process)."""
+    import peft  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    for name in FAMILIES:
+        AutoTokenizer.from_pretrained(str(CHECKPOINTS / name))
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(CHECKPOINTS / name)))
     return Built(tmp_path_factory.mktemp("families"))
 
 
@@ -237,7 +246,7 @@ def test_token_guard_flags_a_doubled_bos_in_a_users_profile(
     pytester.makepyfile(
         test_guards="from pytest_memeval.guard_tests import test_prompt_prefix  # noqa: F401\n"
     )
-    result = pytester.runpytest_inprocess("test_guards.py")
+    result = pytester.runpytest_subprocess("test_guards.py")
     result.assert_outcomes(failed=2)
     text = result.stdout.str()
     assert (
@@ -282,7 +291,7 @@ def test_gemma_template_rejecting_the_system_role_is_one_error_before_the_run(
 ) -> None:
     records = family_records(FAMILIES["llama3"], "baseline", "val", 3)  # with system messages
     write_project(memeval_project, built.model("gemma"), records)
-    result = memeval_project.pytester.runpytest_inprocess("--ckpt", "fam")
+    result = memeval_project.run("--ckpt", "fam")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     text = result.stderr.str() + result.stdout.str()
     assert text.count("System role not supported") == 1
@@ -300,7 +309,7 @@ def test_mistral_alternation_error_names_the_one_bad_scenario(
     # Two user messages in a row: Mistral v1's template refuses the conversation.
     bad = {**records[1], "id": "odd one/ü", "messages": [messages[0], *messages]}
     write_project(memeval_project, built.model("mistral"), [records[0], bad, records[2]])
-    result = memeval_project.pytester.runpytest_inprocess("-n", "2", "--ckpt", "fam")
+    result = memeval_project.run("-n", "2", "--ckpt", "fam")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     text = result.stderr.str() + result.stdout.str()
     assert "rejects 1 of 3 scenario(s)" in text
@@ -379,7 +388,7 @@ def test_overlong_scenarios_are_refused_before_the_run(
     over = {o.scenario_id: o.tokens for o in result.overlong}
     assert over and len(over) < len(records) and all(n > limit for n in over.values())
     write_project(memeval_project, model, records)
-    run = memeval_project.pytester.runpytest_inprocess("--ckpt", "fam")
+    run = memeval_project.run("--ckpt", "fam")
     assert run.ret == pytest.ExitCode.USAGE_ERROR
     text = run.stderr.str() + run.stdout.str()
     assert f"longer than the model's context of {limit} tokens" in text
