@@ -214,7 +214,14 @@ def preflight(
     Raises :class:`PreflightError` (one message) on template errors, and on over-long
     scenarios unless ``allow_overlong``; otherwise returns what it found.
     """
-    tok = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+    tok = tokenizer
+    if tok is None:
+        try:
+            tok = load_tokenizer(model_dir)
+        except (OSError, ValueError, KeyError):
+            # Not this check's to report: the worker's checkpoint load fails on the same
+            # directory with its own message (model.load_model).
+            return PreflightResult(None)
     if getattr(tok, "chat_template", None) is None:
         return PreflightResult(None)  # the worker's load_model says so, with its own message
     errors, lengths = scan_scenarios(tok, scenarios, max_new_tokens)
@@ -226,10 +233,10 @@ def preflight(
         result.overlong = [
             Overlong(s.id, lengths[s.id]) for s in scenarios if lengths[s.id] > limit.tokens
         ]
-    if result.overlong and not allow_overlong:
+    if limit is not None and result.overlong and not allow_overlong:
         raise PreflightError(
             f"{len(result.overlong)} of {len(scenarios)} scenario(s) are longer than the "
-            f"model's context of {limit.tokens} tokens ({limit.source if limit else ''}): "
+            f"model's context of {limit.tokens} tokens ({limit.source}): "
             f"{result.describe_overlong()}. Lengths count the whole conversation, or the "
             f"final prompt plus max_new_tokens ({max_new_tokens}), whichever is longer. "
             "Shorten or drop them, or pass --memeval-allow-overlong (ini "
