@@ -1,8 +1,9 @@
 """Model families as users run them: Llama-3, Qwen2.5, Mistral, Gemma, Phi, GPT-2 shapes.
 
-Each family is a tiny checkpoint built in this session (``tests/families.py``: the real
-transformers architecture, a byte-level BPE tokenizer, a chat template modelled on the
-family's published one). Every case is checked against a plain per-turn ``generate`` loop
+Each family is a tiny committed checkpoint (``tests/family_checkpoints/``, rebuilt by
+``python -m tests.families``: the real transformers architecture, a byte-level BPE tokenizer,
+a chat template modelled on the family's published one); adapters are built per session.
+Every case is checked against a plain per-turn ``generate`` loop
 written here, independently of the plugin: the chat template applied by
 ``apply_chat_template``, ``model.generate`` with the checkpoint's own generation config, the
 new tokens decoded without special tokens.
