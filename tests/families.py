@@ -437,9 +437,11 @@ def build_adapter(
     modules_to_save: Sequence[str] = (),
     *,
     fan_in_fan_out: bool = False,
+    scale: float = LORA_B_SCALE,
 ) -> Path:
     """A LoRA adapter for ``model_dir`` with random (non-zero) weights, and, for
-    ``modules_to_save``, full copies of those modules that differ from the base."""
+    ``modules_to_save``, full copies of those modules that differ from the base. ``scale``
+    multiplies peft's random ``lora_B``."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -461,7 +463,7 @@ def build_adapter(
             # Large enough to change some predictions, small enough to keep the format (the
             # model still ends its turns).
             if "lora_B" in pname:
-                param.mul_(LORA_B_SCALE)
+                param.mul_(scale)
             elif "modules_to_save" in pname:
                 param.add_(torch.randn_like(param) * MODULES_TO_SAVE_NOISE)
     peft_model.save_pretrained(str(out))
