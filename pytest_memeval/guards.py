@@ -549,7 +549,8 @@ def check_prefix(
             return (
                 f"{variant} scenario {sid!r}: {label} starts with a doubled BOS token "
                 f"({bos_token_id} {tokens.vocab.get(bos_token_id)!r} twice): the chat template "
-                "already adds it, the encoding adds it again"
+                "(or the data) writes it twice, while the model was trained on one (the "
+                "harness encodes the rendered text without adding special tokens)"
             )
         if unk_token_id is not None and unk_token_id in ids:
             at = ids.index(unk_token_id)

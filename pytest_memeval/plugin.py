@@ -21,6 +21,7 @@ from . import hookspecs
 from .benchmark import Benchmark, BenchmarkError, from_records, load_jsonl
 from .ids import param_id
 from .model import CheckpointError, check_adapter_dir, check_model_dir, fingerprint_dir
+from .preflight import PreflightError
 from .profiles import (
     Profile,
     ProfileError,
@@ -142,6 +143,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(repeatable; keys: generation.max_new_tokens, generation.dtype, "
         "generation.attn_implementation)",
     )
+    group.addoption(
+        "--memeval-allow-overlong",
+        dest="memeval_allow_overlong",
+        action="store_true",
+        default=None,
+        help="evaluate scenarios longer than the model's context (max_position_embeddings, "
+        "the tokenizer's model_max_length) instead of refusing the run; they are named before "
+        "the run and flagged in their records and the summary. Default: "
+        "memeval_allow_overlong ini.",
+    )
     parser.addini(
         "memeval_profiles",
         "TOML file holding [tool.memeval.ckpt.*] profiles (default: pyproject.toml in rootdir)",
@@ -149,6 +160,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("memeval_out", "parent directory of run directories", default="runs")
     parser.addini("memeval_decode", "default decode path (fast or reference)", default="fast")
+    parser.addini(
+        "memeval_allow_overlong",
+        "evaluate (and flag) scenarios longer than the model's context instead of refusing",
+        type="bool",
+        default=False,
+    )
 
 
 def profiles_file(config: pytest.Config) -> Path:
@@ -324,11 +341,19 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
             f"{benchmark.source}: this worker built different scenarios than the controller "
             "(a builder is not deterministic?)"
         )
+    overlong: dict[str, dict[str, int]] = {}
+    if profile.kind == "model" and wi is None:
+        # Once, on the controller, before any item runs or any worker loads weights.
+        overlong = _preflight(config, profile, benchmark, scope_ids)
+    elif wi is not None:
+        overlong = dict(wi.get("memeval_overlong", {}))
     fingerprints: dict[str, str | None] = (
         {"benchmark": benchmark.fingerprint}
         if wi is not None
         else _fingerprints(profile, benchmark)
     )
+    if overlong:
+        extra["overlong"] = overlong
     state = MemevalState(
         profile=profile,
         benchmark=benchmark,
@@ -341,6 +366,29 @@ def _build_state(config: pytest.Config, name: str) -> MemevalState:
     )
     state.extra["overrides"] = overrides
     return state
+
+
+def _preflight(
+    config: pytest.Config, profile: Profile, benchmark: Benchmark, scope_ids: list[str]
+) -> dict[str, dict[str, int]]:
+    """Template errors and over-long scenarios, before the run (:mod:`.preflight`); returns
+    the over-long scenarios the user allowed (id -> tokens, limit)."""
+    from .preflight import OverlongReport, preflight
+
+    assert profile.model is not None
+    allow = config.getoption("memeval_allow_overlong")
+    if allow is None:
+        allow = bool(config.getini("memeval_allow_overlong"))
+    by_id = benchmark.by_id()
+    result = preflight(
+        profile.model,
+        [by_id[sid] for sid in scope_ids],
+        max_new_tokens=profile.generation.max_new_tokens,
+        allow_overlong=bool(allow),
+    )
+    if result.overlong:
+        config.pluginmanager.register(OverlongReport(result), "memeval-overlong")
+    return result.overlong_records()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -358,7 +406,7 @@ def pytest_configure(config: pytest.Config) -> None:
         check_worker_setup(config, wi["memeval_rootdir"], wi.get("memeval_inifile"))
     try:
         state = _build_state(config, name)
-    except (ProfileError, BenchmarkError, CheckpointError) as exc:
+    except (ProfileError, BenchmarkError, CheckpointError, PreflightError) as exc:
         raise pytest.UsageError(str(exc)) from None
     state.extra["started"] = time.time()
     config.stash[STATE_KEY] = state

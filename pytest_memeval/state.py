@@ -49,6 +49,8 @@ class MemevalWorkerInput(TypedDict, total=False):
     #: the controller's rootdir and config file (None: none), which every worker must share
     memeval_rootdir: str
     memeval_inifile: str | None
+    #: --memeval-allow-overlong: id -> {"tokens", "limit"} of those past the context (preflight.py)
+    memeval_overlong: dict[str, dict[str, int]]
     #: set by xdist itself: the controller's sys.argv (the user's own command line)
     mainargv: list[str]
 

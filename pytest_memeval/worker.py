@@ -102,6 +102,11 @@ class MemevalWorker:
                 time.perf_counter() - started + self._decode_share.pop(scenario.id, 0.0), 6
             ),
         )
+        overlong = self.state.extra.get("overlong", {}).get(scenario.id)
+        if overlong is not None:
+            # Evaluated past the model's context on request (preflight.py): say so on the
+            # record itself, so no reader of predictions.jsonl takes it for a normal result.
+            record["overlong"] = dict(overlong)
         self._records[scenario.id] = record
         while len(self._records) > RECORD_CACHE_SIZE:
             self._records.popitem(last=False)  # recomputed (deterministically) if needed again
