@@ -82,7 +82,7 @@ def pytest_load_initial_conftests(
     was = f"rootdir {config.rootpath}, config file {config.inipath or 'none'}"
     now = f"rootdir {rootpath}, config file {inipath or 'none'}"
     try:
-        _apply_setup(config, args, base, parser, rootpath, inipath, inicfg, ignored)
+        kept = _apply_setup(config, args, base, parser, rootpath, inipath, inicfg, ignored)
     except _CannotFix as exc:
         raise pytest.UsageError(
             f"pytest took {what} for a test path before it knew the option that value "
@@ -92,6 +92,7 @@ def pytest_load_initial_conftests(
     config.stash[SETUP_NOTE_KEY] = (
         f"memeval: corrected pytest's setup to {now} (pytest had taken {what} for a test "
         f"path and chosen {was})"
+        + (f"; plugins its addopts loaded stay loaded: {', '.join(kept)}" if kept else "")
     )
 
 
@@ -122,8 +123,10 @@ def _apply_setup(
     inipath: Path | None,
     inicfg: Any,
     ignored: Any,
-) -> None:
-    """Put ``config`` on the corrected setup (pytest internals: every one is checked first)."""
+) -> list[str]:
+    """Put ``config`` on the corrected setup (pytest internals: every one is checked first).
+
+    Returns the plugins the wrong file's addopts loaded (``-p NAME``), which stay loaded."""
     needed = ("_rootpath", "_inipath", "_inicfg", "_inicache", "_parser")
     missing = [name for name in needed if not hasattr(config, name)]
     if missing:
@@ -136,13 +139,16 @@ def _apply_setup(
         with_addopts = False
     else:
         raise _CannotFix("the argument list is not what pytest 9 builds")
-    plugin_args = [a for a in old_addopts if a.startswith("-p")]
-    if plugin_args:
-        # pytest has already blocked or loaded those plugins; that cannot be undone here.
+    blocked = _plugin_args(old_addopts, blocking=True)
+    if blocked:
+        # pytest has already unregistered those plugins; that cannot be undone here.
         raise _CannotFix(
             f"the wrong config file {config.inipath} has addopts {' '.join(old_addopts)!r}, "
             "which pytest already applied"
         )
+    # `-p name` from the wrong file: the plugin stays loaded (it may also be loaded for good
+    # reasons, e.g. as an installed plugin; unregistering could remove it); the note says so.
+    kept = _plugin_args(old_addopts, blocking=False)
     old_pythonpath = [str(p) for p in config.getini("pythonpath")]
 
     ns_confcutdir = parser.parse_known_args(base, namespace=copy.copy(config.option)).confcutdir
@@ -178,6 +184,23 @@ def _apply_setup(
         method = getattr(config, check, None)
         if callable(method):
             method()
+    return kept
+
+
+def _plugin_args(addopts: list[str], *, blocking: bool) -> list[str]:
+    """The plugin names of ``-p NAME`` / ``-pNAME`` in ``addopts`` that block (``no:``) or
+    load plugins."""
+    names: list[str] = []
+    for i, arg in enumerate(addopts):
+        if arg == "-p" and i + 1 < len(addopts):
+            name = addopts[i + 1]
+        elif arg.startswith("-p") and len(arg) > 2:
+            name = arg[2:].lstrip("=")
+        else:
+            continue
+        if name.startswith("no:") == blocking:
+            names.append(name)
+    return names
 
 
 def setup_note(config: pytest.Config) -> str | None:
