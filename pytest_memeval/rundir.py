@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 JOURNAL = "journal.jsonl"
-#: Where a fresh run moves the journal of the run before it (never silently discarded).
+#: Where older versions moved the journal of the run before; a promotion moves it to
+#: ``previous/`` with the rest of that run (runlayout.py).
 JOURNAL_PREVIOUS = "journal.prev.jsonl"
 #: Key that marks a journal's header line (the run's fingerprints); records carry ``id``.
 JOURNAL_HEADER_KEY = "memeval_journal"
@@ -128,12 +129,14 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: IO[bytes] | None = None
 
     def open(self, *, truncate: bool, header: Mapping[str, Any] | None = None) -> None:
         """Open for appending (``truncate``: start empty). ``header`` is written first when
         the journal is empty; it must carry :data:`JOURNAL_HEADER_KEY`."""
+        # The directory is made here, not in __init__: a run that never opens its journal
+        # (it evaluated nothing) leaves no directory behind.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         # Binary mode: tell() is then a plain byte offset, the one read_at() seeks to.
         self._fh = self.path.open("wb" if truncate else "ab")
         if header is not None and self._fh.tell() == 0:
