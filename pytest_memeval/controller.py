@@ -236,9 +236,14 @@ class MemevalController:
 
     # -- terminal ------------------------------------------------------------------------
 
-    def pytest_report_header(self) -> list[str] | None:
+    def pytest_report_header(self) -> list[str]:
+        lines = []
         stale = self.lock.took_over if self.lock is not None else None
-        return [_stale_note(stale)] if stale else None
+        if stale:
+            lines.append(_stale_note(stale))
+        if self.resumed is not None and not self.resumed.fresh and self.stage != self.run_dir:
+            lines.append(f"memeval: resuming the unfinished run in {self.stage}")
+        return lines
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter

@@ -157,5 +157,9 @@ class ProgressReporter:
         tr: Any = self.config.pluginmanager.get_plugin("terminalreporter")
         if tr is None:
             return
-        tr.ensure_newline()
+        # pytest's dots (and xdist's) leave the cursor mid-line without telling
+        # ensure_newline(); start a line of our own, the dots go on below it.
+        tw = getattr(tr, "_tw", None)
+        if tw is not None and tw.width_of_current_line:
+            tr.write("\n")
         tr.write_line(f"memeval: {self.progress.line(self.total())}", cyan=True)
