@@ -66,6 +66,7 @@ class MemevalController:
 
         self.progress = Progress(interval_from(config))
         self.progress_reporter = ProgressReporter(self.progress, self._progress_total, config)
+        config.pluginmanager.register(self.progress_reporter, "memeval-progress")
         if config.getoption("memeval_resume", False):
             try:
                 self.resumed = resume_point(self.journal, state)

@@ -64,7 +64,7 @@ def interval_from(config: pytest.Config) -> float:
 
 def format_duration(seconds: float) -> str:
     """``42s``, ``3m 01s``, ``2h 05m``: short enough for a progress line."""
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
@@ -140,7 +140,12 @@ class Progress:
 
 
 class ProgressReporter:
-    """Registered by the controller: prints a progress line when one is due."""
+    """Registered by the controller: prints a progress line when one is due.
+
+    The controller counts records (:meth:`note`); the line is printed from
+    ``pytest_runtest_logfinish``, after pytest has written the item's own outcome (xdist
+    forwards that hook from its workers), so it never splits pytest's ``-v`` lines.
+    """
 
     def __init__(
         self, progress: Progress, total: Callable[[], int | None], config: pytest.Config
@@ -152,7 +157,10 @@ class ProgressReporter:
     def note(self) -> None:
         """Called by the controller for each new record of this session."""
         self.progress.add()
-        if not self.progress.due() or self.config.get_verbosity() <= -2:
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(self) -> None:
+        if self.config.get_verbosity() <= -2 or not self.progress.due():
             return
         tr: Any = self.config.pluginmanager.get_plugin("terminalreporter")
         if tr is None:
@@ -162,4 +170,4 @@ class ProgressReporter:
         tw = getattr(tr, "_tw", None)
         if tw is not None and tw.width_of_current_line:
             tr.write("\n")
-        tr.write_line(f"memeval: {self.progress.line(self.total())}", cyan=True)
+        tr.write(f"memeval: {self.progress.line(self.total())}\n", cyan=True)

@@ -21,6 +21,7 @@ holds a lock on the run directory from configure to unconfigure:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import json
@@ -158,15 +159,15 @@ class RunLock:
             return
         self.released = True
         current = read_holder(self.path)
-        if current is not None and current.get("pid") == self.holder["pid"] and current.get(
-            "started"
-        ) == self.holder["started"]:
+        if (
+            current is not None
+            and current.get("pid") == self.holder["pid"]
+            and current.get("started") == self.holder["started"]
+        ):
             self.path.unlink(missing_ok=True)
         if self.created_dir:
-            try:
+            with contextlib.suppress(OSError):
                 self.path.parent.rmdir()  # only if the run left nothing there
-            except OSError:
-                pass
 
 
 def _refusal(path: Path, holder: dict[str, Any], alive: bool | None) -> str:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -80,8 +79,12 @@ def test_habits_leave_the_finished_run_alone(
     habits: list[tuple[str, ...]] = [
         ("--lf",),
         ("-k", ids[1]),
-        ("--deselect", f"test_eval.py::test_final_query[{ids[2]}]",
-         "--deselect", f"test_eval.py::test_turns[{ids[2]}]"),
+        (
+            "--deselect",
+            f"test_eval.py::test_final_query[{ids[2]}]",
+            "--deselect",
+            f"test_eval.py::test_turns[{ids[2]}]",
+        ),
     ]
     if not xdist:
         # Serial -x stops at the first failure (scenario 1) for sure; under xdist the
@@ -188,8 +191,12 @@ time.sleep(600)
 
 
 def _dead_pid() -> int:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(proc.stdout)
 
 
@@ -226,8 +233,10 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_stale_lock_is_taken_ove
     taken = memeval_project.run("--ckpt", "crafted", "-n", "2")
     assert taken.ret == 1, taken.stdout.str()
     taken.stdout.fnmatch_lines(
-        [f"memeval: took over a stale lock of pid {holder.pid} on host *, which is no longer "
-         "running"]
+        [
+            f"memeval: took over a stale lock of pid {holder.pid} on host *, which is no longer "
+            "running"
+        ]
     )
     assert memeval_project.metrics("crafted")["complete"] is True
     assert not lock.exists(), "released at the end"
@@ -308,12 +317,10 @@ def test_lock_unit(tmp_path: Path) -> None:
     # Another host cannot be checked: refused, saying how to take it over by hand.
     remote = {**holder, "host": "gpu-node-7"}
     (run_dir / LOCK_NAME).write_text(json.dumps(remote), "utf-8")
-    with pytest.raises(LockHeld, match="gpu-node-7.*delete .*memeval.lock and run again"):
+    with pytest.raises(LockHeld, match=r"gpu-node-7.*delete .*memeval\.lock and run again"):
         RunLock.acquire(run_dir)
     # A recycled pid (alive, but another process start time) is not the holder.
-    (run_dir / LOCK_NAME).write_text(
-        json.dumps({**holder, "proc_start": "1"}), "utf-8"
-    )
+    (run_dir / LOCK_NAME).write_text(json.dumps({**holder, "proc_start": "1"}), "utf-8")
     if Path(f"/proc/{os.getpid()}/stat").exists():
         assert RunLock.acquire(run_dir).took_over is not None
     (run_dir / LOCK_NAME).write_text("garbage", "utf-8")
