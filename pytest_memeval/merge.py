@@ -82,7 +82,7 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
         # their journal at the top.
         unfinished = (path / JOURNAL).is_file() or any((path / SUBSETS).glob(f"*/{JOURNAL}"))
         hint = (
-            " (the shard run did not finish: its journal is kept; rerun it with --memeval-resume)"
+            " (its journal exists: the shard run did not finish; rerun it with --memeval-resume)"
             if unfinished
             else ""
         )
