@@ -12,8 +12,9 @@ of 5,000 scenarios prints a line per interval, not 5,000. They are printed with 
 (a long run under ``-q`` still wants to show it is alive, as pytest's own percentage does)
 and not with ``-qq``, where pytest itself stays silent.
 
-The rate is measured from the first scenario record of this session on, so model loading
-does not make the first estimates look slower than the run is.
+While the run goes, the rate is measured from the first scenario record of this session on,
+so model loading does not make the ETA look longer than the run has left; the end line uses
+the session's wall time (loading included), the same as ``timing`` in ``metrics.json``.
 """
 
 from __future__ import annotations

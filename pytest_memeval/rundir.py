@@ -1,6 +1,8 @@
 """The run directory: atomic result files and the append-only journal.
 
-Layout of ``runs/<ckpt>/`` (see ``docs/results-schema.md``):
+The files of one run (see ``docs/results-schema.md``; where each run's files go inside
+``runs/<ckpt>/``, the finished run at the top, others in ``subsets/<time>/``, is
+:mod:`.runlayout`'s concern):
 
 * ``journal.jsonl``: each scenario record as it reaches the controller, flushed and synced;
 * ``predictions.jsonl``: one record per scenario, in benchmark order, written atomically;
