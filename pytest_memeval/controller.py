@@ -5,12 +5,18 @@ Runs in the xdist controller (or the single process without xdist). Records arri
 run's journal at once (so a crash loses at most the scenarios in flight) and only its offset
 is kept. At session finish the run directory is written in benchmark order, recounted
 independently, and only then is ``metrics.json`` written.
+
+Where the files go (runlayout.py): each run journals into its own ``subsets/<time>/``
+directory and is promoted to the top of the run directory only if it finished, so a subset or
+interrupted run never replaces a finished one. The run directory is locked for the whole
+session (runlock.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +26,6 @@ from .recount import compare_counts, recount_file
 from .resume import ResumeError, ResumePoint, ResumeSelection, journal_header, resume_point
 from .rundir import (
     JOURNAL,
-    JOURNAL_PREVIOUS,
     METRICS,
     PREDICTIONS,
     Journal,
@@ -28,6 +33,8 @@ from .rundir import (
     sha256_file,
     write_json,
 )
+from .runlayout import finished, new_subset_dir, promote, resume_target, top_level_run
+from .runlock import LockHeld, RunLock, describe_holder
 from .sharding import shard_scope
 from .state import MemevalState
 from .stats import interval_words
@@ -42,13 +49,25 @@ class MemevalController:
         self.config = config
         self.state = state
         self.run_dir = state.run_dir
-        self.journal = Journal(self.run_dir / JOURNAL)
         self.offsets: dict[str, int] = {}
         self.selected: set[str] | None = None
         self.metrics: dict[str, Any] | None = None
         self.problems: list[str] = []
         self.started = time.time()
         self.resumed: ResumePoint | None = None
+        #: where this run journals (a new subsets/<time>/, or the run it resumes)
+        target = resume_target(self.run_dir) if config.getoption("memeval_resume") else None
+        self.stage = target or new_subset_dir(self.run_dir, self.started)
+        #: where the finished files ended up, and the finished run a promotion kept
+        self.written: Path | None = None
+        self.kept_previous: Path | None = None
+        self.lock = _take_lock(config, self.run_dir, self.stage)
+        self.journal = Journal(self.stage / JOURNAL)
+        from .progress import Progress, ProgressReporter, interval_from
+
+        self.progress = Progress(interval_from(config))
+        self.progress_reporter = ProgressReporter(self.progress, self._progress_total, config)
+        config.pluginmanager.register(self.progress_reporter, "memeval-progress")
         if config.getoption("memeval_resume", False):
             try:
                 self.resumed = resume_point(self.journal, state)
@@ -86,19 +105,17 @@ class MemevalController:
 
     def _begin(self) -> None:
         """Open the journal when this run first has something to keep (not at start: a run
-        that selects no eval item must leave the previous run's directory alone).
+        that selects no eval item must leave the run directory alone).
 
-        A fresh run moves the previous journal to ``journal.prev.jsonl`` rather than
-        truncating it (a forgotten ``--memeval-resume`` loses nothing) and removes the
-        previous ``metrics.json``: until this run finishes, the directory has no metrics, so
-        a hard kill can never leave an older result looking like this run's.
+        A fresh run journals into a new ``subsets/<time>/`` directory, so no earlier run's
+        file is touched. A resumed run appends to the journal it continues and removes that
+        run's old ``metrics.json`` first: until this run finishes, its directory has no
+        metrics, so a hard kill never leaves the older result looking like this run's.
         """
         if self.journal.is_open:
             return
-        (self.run_dir / METRICS).unlink(missing_ok=True)
-        path = self.journal.path
-        if self.resumed is None and path.is_file() and path.stat().st_size:
-            path.replace(self.run_dir / JOURNAL_PREVIOUS)
+        if self.resumed is not None:
+            (self.stage / METRICS).unlink(missing_ok=True)
         self.journal.open(truncate=self.resumed is None, header=journal_header(self.state))
 
     @pytest.hookimpl(tryfirst=True)
@@ -112,7 +129,12 @@ class MemevalController:
             return
         self._begin()
         self.offsets[sid] = self.journal.append(record)
+        self.progress_reporter.note()
         self.config.hook.pytest_memeval_record(config=self.config, record=record)
+
+    def _progress_total(self) -> int | None:
+        """Scenarios this session evaluates (resumed ones excluded), once collection says."""
+        return len(self.selected) if self.selected is not None else None
 
     # -- finish --------------------------------------------------------------------------
 
@@ -141,7 +163,7 @@ class MemevalController:
         self._begin()
         self.journal.close()
 
-        predictions = self.run_dir / PREDICTIONS
+        predictions = self.stage / PREDICTIONS
         tally = Tally()
         atomic_write(predictions, self._predictions_lines(done, tally))
         recounted = recount_file(predictions)
@@ -187,10 +209,15 @@ class MemevalController:
             # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
             overrides=self.state.extra.get("overrides", {}),
         )
-        write_json(self.run_dir / METRICS, metrics)
+        write_json(self.stage / METRICS, metrics)
         self.metrics = metrics
+        self.written = self.stage
+        if finished(metrics) and self.stage != self.run_dir:
+            # Only a finished run takes the top level; the one there moves to previous/.
+            self.kept_previous = promote(self.stage, self.run_dir)
+            self.written = self.run_dir
         self.config.hook.pytest_memeval_run_written(
-            config=self.config, run_dir=self.run_dir, metrics=metrics
+            config=self.config, run_dir=self.written, metrics=metrics
         )
         if missing_selected and session.exitstatus in (
             pytest.ExitCode.OK,
@@ -214,17 +241,32 @@ class MemevalController:
 
     # -- terminal ------------------------------------------------------------------------
 
+    def pytest_report_header(self) -> list[str]:
+        lines = []
+        stale = self.lock.took_over if self.lock is not None else None
+        if stale:
+            lines.append(_stale_note(stale))
+        if self.resumed is not None and not self.resumed.fresh and self.stage != self.run_dir:
+            lines.append(f"memeval: resuming the unfinished run in {self.stage}")
+        return lines
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
-        if not self.metrics and not self.problems:
+        stale = self.lock.took_over if self.lock is not None else None
+        if not self.metrics and not self.problems and not stale:
             return
         tr.section("memeval")
+        if stale:
+            tr.line(_stale_note(stale), yellow=True)
         for problem in self.problems:
             tr.line(f"ERROR: {problem}", red=True, bold=True)
         m = self.metrics
         if not m:
             return
         tr.line(format_summary(m))
+        left = len(m["missing"]) + len(m["not_selected"])
+        total = self.progress.done + len(m["missing"])
+        tr.line(self.progress.summary(total, left, float(m["timing"]["wall_s"])))
         if m.get("overrides"):
             from .plugin import describe_overrides
 
@@ -238,7 +280,7 @@ class MemevalController:
             )
             tr.line(
                 f"the {m['scope']['evaluated']} finished scenario(s) are kept in "
-                f"{self.run_dir / JOURNAL}; rerun with --memeval-resume to evaluate only "
+                f"{self.stage / JOURNAL}; rerun with --memeval-resume to evaluate only "
                 "the missing ones",
                 red=True,
             )
@@ -254,7 +296,58 @@ class MemevalController:
                 "(metrics say complete: false)",
                 yellow=True,
             )
-        tr.line(f"run directory: {self.run_dir}")
+        for line in self._placement_lines():
+            tr.line(line, yellow=self.written != self.run_dir)
+
+    def _placement_lines(self) -> list[str]:
+        """Where this run's files are, and what the top of the run directory holds."""
+        if self.written is None:
+            return []
+        if self.written == self.run_dir:
+            lines = [f"run directory: {self.run_dir}"]
+            if self.kept_previous is not None:
+                lines.append(f"the finished run it replaced is kept in {self.kept_previous}")
+            return lines
+        top = top_level_run(self.run_dir)
+        held = (
+            f"{self.run_dir} keeps the finished run of {top.get('created', '?')} "
+            "(compare, the gate and report read that one)"
+            if top is not None
+            else f"{self.run_dir} holds no finished run yet"
+        )
+        return [
+            f"run directory: {self.written} (not finished: written beside the finished run)",
+            held,
+        ]
+
+
+def _take_lock(config: pytest.Config, run_dir: Path, stage: Path) -> RunLock | None:
+    """Lock ``run_dir`` for this session (released at unconfigure, also after a failure or an
+    interrupt), or refuse with a usage error naming the run that holds it.
+
+    ``--collect-only`` and ``--setup-plan`` evaluate nothing and take nothing.
+    """
+    if config.getoption("collectonly") or config.getoption("setupplan", False):
+        return None
+    try:
+        lock = RunLock.acquire(run_dir, writes=stage)
+    except LockHeld as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.add_cleanup(lock.release)
+    return lock
+
+
+def _stale_note(stale: dict[str, Any]) -> str:
+    where = stale.get("writes")
+    unfinished = (
+        f"; its unfinished run is in {where} (continue it with --memeval-resume)"
+        if where and (Path(where) / JOURNAL).is_file()
+        else ""
+    )
+    return (
+        f"memeval: took over a stale lock of {describe_holder(stale)}, which is no longer "
+        f"running{unfinished}"
+    )
 
 
 def _pct(block: dict[str, Any]) -> str:

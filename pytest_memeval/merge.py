@@ -33,6 +33,7 @@ from .rundir import (
     sha256_file,
     write_json,
 )
+from .runlayout import SUBSETS
 
 __all__ = ["MergeError", "ShardRun", "cli_arguments", "cli_main", "load_shard", "merge_shards"]
 
@@ -77,9 +78,12 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
         problems.append(f"{path}: not a directory")
         return None
     if not (path / METRICS).is_file():
+        # Unfinished runs are kept in subsets/<time>/ (runlayout.py), older versions left
+        # their journal at the top.
+        unfinished = (path / JOURNAL).is_file() or any((path / SUBSETS).glob(f"*/{JOURNAL}"))
         hint = (
             " (its journal exists: the shard run did not finish; rerun it with --memeval-resume)"
-            if (path / JOURNAL).is_file()
+            if unfinished
             else ""
         )
         problems.append(f"{path}: no {METRICS}: not a finished run{hint}")
@@ -248,10 +252,30 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
     if problems:
         raise MergeError(problems)
 
+    from .runlock import LockHeld, RunLock
+
+    try:
+        # A pytest run writing the same directory right now would mix its files with ours.
+        lock = RunLock.acquire(out)
+    except LockHeld as exc:
+        raise MergeError([f"-o {out}: {exc}"]) from None
+    try:
+        return _write_merged(runs, out)
+    finally:
+        lock.release()
+
+
+def _write_merged(runs: list[ShardRun], out: Path) -> dict[str, Any]:
+    import time
+
+    from .runlayout import new_subset_dir, promote
+
     runs.sort(key=lambda r: r.k)
-    # An earlier merge's metrics must not outlive its predictions, even for a moment.
-    (out / METRICS).unlink(missing_ok=True)
-    predictions = out / PREDICTIONS
+    # Written beside the top level, then promoted like a finished pytest run: an earlier
+    # merge there moves to previous/, and nothing is half-replaced if this one fails.
+    stage = new_subset_dir(out, time.time())
+    stage.mkdir(parents=True)
+    predictions = stage / PREDICTIONS
     tally = Tally()
     atomic_write(predictions, _merged_lines(runs, tally))
     counts = tally.counts()
@@ -306,7 +330,8 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
             for r in runs
         ],
     )
-    write_json(out / METRICS, metrics)
+    write_json(stage / METRICS, metrics)
+    promote(stage, out)
     return metrics
 
 

@@ -51,6 +51,8 @@ pytest_plugins = [
     "pytest_memeval.device_binding",
     # Byte guards: parametrizes @pytest.mark.memeval_guard items (model-free, no --ckpt).
     "pytest_memeval.guard_tests",
+    # --memeval-progress / memeval_progress: progress lines while a run goes (controller).
+    "pytest_memeval.progress",
 ]
 
 

@@ -1,6 +1,8 @@
 """The run directory: atomic result files and the append-only journal.
 
-Layout of ``runs/<ckpt>/`` (see ``docs/results-schema.md``):
+The files of one run (see ``docs/results-schema.md``; where each run's files go inside
+``runs/<ckpt>/``, the finished run at the top, others in ``subsets/<time>/``, is
+:mod:`.runlayout`'s concern):
 
 * ``journal.jsonl``: each scenario record as it reaches the controller, flushed and synced;
 * ``predictions.jsonl``: one record per scenario, in benchmark order, written atomically;
@@ -35,7 +37,8 @@ __all__ = [
 ]
 
 JOURNAL = "journal.jsonl"
-#: Where a fresh run moves the journal of the run before it (never silently discarded).
+#: Where older versions moved the journal of the run before; a promotion moves it to
+#: ``previous/`` with the rest of that run (runlayout.py).
 JOURNAL_PREVIOUS = "journal.prev.jsonl"
 #: Key that marks a journal's header line (the run's fingerprints); records carry ``id``.
 JOURNAL_HEADER_KEY = "memeval_journal"
@@ -128,12 +131,14 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: IO[bytes] | None = None
 
     def open(self, *, truncate: bool, header: Mapping[str, Any] | None = None) -> None:
         """Open for appending (``truncate``: start empty). ``header`` is written first when
         the journal is empty; it must carry :data:`JOURNAL_HEADER_KEY`."""
+        # The directory is made here, not in __init__: a run that never opens its journal
+        # (it evaluated nothing) leaves no directory behind.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         # Binary mode: tell() is then a plain byte offset, the one read_at() seeks to.
         self._fh = self.path.open("wb" if truncate else "ab")
         if header is not None and self._fh.tell() == 0:

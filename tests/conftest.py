@@ -104,6 +104,24 @@ class MemevalProject:
         text = (self.run_dir(ckpt) / "predictions.jsonl").read_text("utf-8")
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
+    def subsets(self, ckpt: str = "demo") -> list[Path]:
+        """The unfinished runs beside the finished one (``runs/<ckpt>/subsets/<time>/``),
+        oldest first."""
+        base = self.run_dir(ckpt) / "subsets"
+        return sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
+    def latest_subset(self, ckpt: str = "demo") -> Path:
+        found = self.subsets(ckpt)
+        assert found, f"no unfinished run under {self.run_dir(ckpt) / 'subsets'}"
+        return found[-1]
+
+    def subset_metrics(self, ckpt: str = "demo") -> dict[str, Any]:
+        """``metrics.json`` of the newest unfinished run (a subset, -x, an interrupt...)."""
+        data: dict[str, Any] = json.loads(
+            (self.latest_subset(ckpt) / "metrics.json").read_text("utf-8")
+        )
+        return data
+
 
 @pytest.fixture
 def memeval_project(pytester: pytest.Pytester) -> MemevalProject:

@@ -156,10 +156,14 @@ def test_killed_worker_and_failing_model_call_then_resume(
     out = result.stdout.str()
     assert "model call failed on" in out, out  # the exception is reported as an error
     assert f"crashed while running 'test_eval.py::test_final_query[{kill_id}]'" in out, out
-    metrics = memeval_project.metrics()
+    # Unfinished: written beside the top level (which holds no finished run yet).
+    partial = memeval_project.latest_subset()
+    assert not (memeval_project.run_dir() / "metrics.json").exists()
+    metrics = memeval_project.subset_metrics()
     assert metrics["complete"] is False
     assert sorted(metrics["missing"]) == sorted([raise_id, kill_id])
-    assert metrics["n"] == 1 and [p["id"] for p in memeval_project.predictions()] == [ids[1]]
+    preds = (partial / "predictions.jsonl").read_text("utf-8").splitlines()
+    assert metrics["n"] == 1 and [json.loads(p)["id"] for p in preds] == [ids[1]]
     result.stdout.fnmatch_lines(
         [
             "*ckpt demo: 1 scenarios (INCOMPLETE)*",
@@ -167,9 +171,9 @@ def test_killed_worker_and_failing_model_call_then_resume(
             "*rerun with --memeval-resume*",
         ]
     )
-    kept = _journal_records(memeval_project.run_dir())
+    kept = _journal_records(partial)
     assert [r["id"] for r in kept] == [ids[1]]
-    recount_run(memeval_project.run_dir())  # even an incomplete run recounts exactly
+    recount_run(partial)  # even an incomplete run recounts exactly
 
     monkeypatch.delenv("FAULT_RAISE")
     monkeypatch.delenv("FAULT_KILL")
@@ -182,8 +186,10 @@ def test_killed_worker_and_failing_model_call_then_resume(
     # and the journal kept its old record, appending the new ones.
     outcomes = resumed.parseoutcomes()
     assert sum(outcomes.get(k, 0) for k in ("passed", "failed", "xfailed", "error")) == 4
+    # The resumed run finished: its directory was promoted to the top level.
     again = [r["id"] for r in _journal_records(memeval_project.run_dir())]
     assert again[0] == ids[1] and sorted(again) == sorted(ids)
+    assert memeval_project.subsets() == []
     _assert_equals_clean(memeval_project, clean_run)
     assert memeval_project.metrics()["scope"]["resumed"] == 1
 
@@ -199,9 +205,9 @@ def test_interrupt_then_resume(
 
     result = memeval_project.run("--ckpt", "demo")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    metrics = memeval_project.metrics()
+    metrics = memeval_project.subset_metrics()
     assert metrics["complete"] is False and metrics["missing"] == ids[1:]
-    assert [r["id"] for r in _journal_records(memeval_project.run_dir())] == ids[:1]
+    assert [r["id"] for r in _journal_records(memeval_project.latest_subset())] == ids[:1]
     result.stdout.fnmatch_lines(["INCOMPLETE: 2 selected scenario(s) have no result: *"])
 
     monkeypatch.delenv("FAULT_INTERRUPT")
