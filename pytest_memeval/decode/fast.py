@@ -499,18 +499,21 @@ class FastDecoder:
         bounds become :func:`calibrated_bound` of what was measured. Returns the reference
         outputs of those turns, which are final (they are the reference path's own).
         """
+        # Per row, turns from both ends inwards (the longest prompt first, then the shortest,
+        # ...), taking one turn from each row in turn.
+        orders = []
+        for plan in plans:
+            turns = [n for n, t in enumerate(plan.turns) if t.expected]
+            orders.append(
+                [turns[-1 - k // 2] if k % 2 == 0 else turns[k // 2] for k in range(len(turns))]
+            )
         picked: list[tuple[int, int]] = []
-        candidates = [
-            [(row, n) for n, t in enumerate(p.turns) if t.expected] for row, p in enumerate(plans)
-        ]
         depth = 0
-        while len(picked) < self.calibration_turns and any(depth < len(c) for c in candidates):
-            for cand in candidates:
-                if depth < len(cand) and len(picked) < self.calibration_turns:
-                    # Turns from the end, the beginning and the middle alternate per row.
-                    picked.append(cand[(depth * 7919) % len(cand)] if depth else cand[-1])
+        while len(picked) < self.calibration_turns and any(depth < len(o) for o in orders):
+            for row, order in enumerate(orders):
+                if depth < len(order) and len(picked) < self.calibration_turns:
+                    picked.append((row, order[depth]))
             depth += 1
-        picked = list(dict.fromkeys(picked))
         results: dict[tuple[int, int], TurnOutput] = {}
         references: list[tuple[list[int], Any]] = []
         for row, n in picked:
