@@ -177,7 +177,7 @@ def _describe_stats(stats: Any) -> str:
     if detail:
         text += " (" + ", ".join(detail) + ")"
     if stats["calibration_turns"]:
-        text += f"; {stats['calibration_turns']} decided by the reference call while calibrating"
+        text += f"; {stats['calibration_turns']} also run by the reference call to calibrate"
     if stats["forward_only"]:
         text += f"; {stats['forward_only']} wrong turns settled by the forward pass alone"
     if stats["draft_tokens"]:
@@ -191,7 +191,6 @@ def handed_to_reference(stats: Any) -> int:
     """Turns whose output the fast path took from the reference call itself."""
     return int(
         stats["generated_reference_rerun"]
-        + stats["calibration_turns"]
         + stats["generated_without_cache"]
         + stats["reference_scenario_turns"]
     )

@@ -46,6 +46,8 @@ class MemevalController:
         self.selected: set[str] | None = None
         self.metrics: dict[str, Any] | None = None
         self.problems: list[str] = []
+        #: (scenarios in its forward pass, most per pass) of each written batched record
+        self._batches: list[tuple[int, int]] = []
         self.started = time.time()
         self.resumed: ResumePoint | None = None
         if config.getoption("memeval_resume", False):
@@ -59,11 +61,12 @@ class MemevalController:
             )
         config.pluginmanager.register(_ReleaseRecords(), "memeval-release-records")
         if config.pluginmanager.has_plugin("xdist"):
-            from .scheduler import SchedulerPlugin
+            from .scheduler import SchedulerPlugin, chunk_size
 
             config.pluginmanager.register(_XdistSelection(self), "memeval-xdist-selection")
             config.pluginmanager.register(
-                SchedulerPlugin(set(state.scope_ids)), "memeval-scheduler"
+                SchedulerPlugin(set(state.scope_ids), chunk_size(config, state.decode_path)),
+                "memeval-scheduler",
             )
 
     # -- collection: which scenarios this run selected -------------------------------------
@@ -141,6 +144,7 @@ class MemevalController:
 
         predictions = self.run_dir / PREDICTIONS
         tally = Tally()
+        self._batches = []
         atomic_write(predictions, self._predictions_lines(done, tally))
         recounted = recount_file(predictions)
         counts = tally.counts()
@@ -181,6 +185,7 @@ class MemevalController:
             timing={
                 "wall_s": round(wall, 3),
                 "scenarios_per_s": round(len(done) / wall, 3) if wall > 0 else None,
+                **_batch_timing(self._batches),
             },
         )
         write_json(self.run_dir / METRICS, metrics)
@@ -206,6 +211,8 @@ class MemevalController:
 
         for record in self.journal.read_at(self.offsets[sid] for sid in ids):
             tally.add(record)
+            if isinstance(record.get("decode_batch"), int):
+                self._batches.append((record["decode_batch"], record["decode_batch_size"]))
             yield json.dumps(record, ensure_ascii=False) + "\n"
 
     # -- terminal ------------------------------------------------------------------------
@@ -263,6 +270,17 @@ def _status(m: dict[str, Any]) -> str:
     return "INCOMPLETE"
 
 
+def _batch_timing(batches: list[tuple[int, int]]) -> dict[str, Any]:
+    """``mean_batch`` (scenarios per forward pass, averaged over scenarios) and ``batch_size``
+    (the most per pass) of the scenarios decoded by a batched pass; empty when none was."""
+    if not batches:
+        return {}
+    return {
+        "mean_batch": round(sum(b for b, _ in batches) / len(batches), 3),
+        "batch_size": max(size for _, size in batches),
+    }
+
+
 def format_summary(m: dict[str, Any]) -> str:
     """The terminal lines for a metrics dict."""
     lines = [
@@ -274,9 +292,14 @@ def format_summary(m: dict[str, Any]) -> str:
     ]
     timing = m.get("timing") or {}
     if timing.get("scenarios_per_s") is not None:
+        batch = (
+            f", mean batch {timing['mean_batch']:.1f} of {timing['batch_size']}"
+            if timing.get("mean_batch") is not None
+            else ""
+        )
         lines.append(
             f"throughput: {timing['scenarios_per_s']:.2f} scenarios/s "
-            f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')})"
+            f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')}{batch})"
         )
     return "\n".join(lines)
 

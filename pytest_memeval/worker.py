@@ -81,6 +81,11 @@ class MemevalWorker:
         self._prefetch(decoder, scenario)
         started = time.perf_counter()
         rollout = decoder.rollout(scenario)
+        batched = (
+            {"decode_batch": rollout.batch, "decode_batch_size": rollout.batch_size}
+            if rollout.batch_size
+            else {}
+        )
         record = score(
             scenario,
             rollout,
@@ -90,6 +95,7 @@ class MemevalWorker:
             decode_s=round(
                 time.perf_counter() - started + self._decode_share.pop(scenario.id, 0.0), 6
             ),
+            **batched,
         )
         self._records[scenario.id] = record
         while len(self._records) > RECORD_CACHE_SIZE:

@@ -124,8 +124,8 @@ def test_margin_guard_reruns_near_ties_with_the_reference_call(case: Case) -> No
 
 def test_truth_as_a_draft_and_calibration_agree_with_reference(case: Case) -> None:
     """Wrong turns continue from the truth the model did reproduce (its draft), generated
-    one scenario at a time and batched; a calibration over every turn hands all of them to
-    the reference call. Both agree with the reference turn for turn."""
+    one scenario at a time and batched; a calibration may cover every turn. Both agree with
+    the reference turn for turn."""
     decoder = FastDecoder(case.loaded, MAX_NEW, batch_size=3)
     assert_same(decoder.decode(case.scenarios), case.reference, case.ids)
     if decoder.stats["generated_mismatch"]:

@@ -427,16 +427,13 @@ class FastDecoder:
         if self._calibrate:
             self._calibrate = False
             started = time.perf_counter()
-            for (row, n), output in self._calibration(plans, logits, column, cache).items():
-                outputs[row][n] = output
+            self._calibration(plans, logits, column, cache)
             self.seconds["calibration"] += time.perf_counter() - started
         del logits
         pending: list[_Pending] = []
         for row, plan in enumerate(plans):
             for n, turn in enumerate(plan.turns):
                 self.stats["turns"] += 1
-                if outputs[row][n] is not None:
-                    continue  # decided by the reference call during calibration
                 decided = self._teacher_forced(row, turn, best, (margin, top1), column)
                 if isinstance(decided, TurnOutput):
                     outputs[row][n] = decided
@@ -450,7 +447,9 @@ class FastDecoder:
             done = tuple(o for o in outputs[row] if o is not None)
             assert len(done) == len(plan.turns)
             tail = prompt_tail(self.loaded, plan.turns[-1].prompt.ids)
-            rollouts.append(Rollout(done, self.path, tail))
+            rollouts.append(
+                Rollout(done, self.path, tail, batch=len(plans), batch_size=self.batch_size)
+            )
         return rollouts
 
     def _teacher_forced(
@@ -488,7 +487,7 @@ class FastDecoder:
 
     def _calibration(
         self, plans: list[_Plan], logits: Any, column: dict[int, int], cache: Any
-    ) -> dict[tuple[int, int], TurnOutput]:
+    ) -> None:
         """Measure how far the fast path's logits are from the reference computation's.
 
         For up to :attr:`calibration_turns` turns of this batch (spread over its rows and
@@ -496,8 +495,9 @@ class FastDecoder:
         path does) with its logits, and compare them, position by position while it follows
         the truth, with the teacher-forced logits (kinds ``first`` and ``step``), and with the
         fast path's cached batched generation of the same turns (kind ``generate``). The
-        bounds become :func:`calibrated_bound` of what was measured. Returns the reference
-        outputs of those turns, which are final (they are the reference path's own).
+        bounds become :func:`calibrated_bound` of what was measured. The turns are then
+        decoded like any other (so how a turn was decided does not depend on which turns a
+        process happened to calibrate on).
         """
         # Per row, turns from both ends inwards (the longest prompt first, then the shortest,
         # ...), taking one turn from each row in turn.
@@ -514,13 +514,11 @@ class FastDecoder:
                 if depth < len(order) and len(picked) < self.calibration_turns:
                     picked.append((row, order[depth]))
             depth += 1
-        results: dict[tuple[int, int], TurnOutput] = {}
         references: list[tuple[list[int], Any]] = []
         for row, n in picked:
             turn = plans[row].turns[n]
             new, steps = self._reference_steps(turn.prompt.ids)
             references.append((new, steps))
-            results[(row, n)] = decode_new_tokens(self.loaded, self._used(new))
             start = len(turn.prompt.ids)
             for j, step in enumerate(steps):
                 if j >= len(turn.expected) or new[:j] != list(turn.expected[:j]):
@@ -537,14 +535,12 @@ class FastDecoder:
                     if new[:j] != fast_new[:j]:
                         break
                     self._measure("generate", a, b)
-        self.stats["calibration_turns"] += len(results)
-        self.stats["generated"] += len(results)
+        self.stats["calibration_turns"] += len(picked)
         if self._calibrate_bounds:
             for kind in KINDS:
                 self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
                     self.loaded.dtype, kind, self.disagreement[kind], self.disagreement_ulps[kind]
                 )
-        return results
 
     def _measure(self, kind: str, fast: Any, reference: Any) -> None:
         """Record how far two computations of one position's logits are apart."""
