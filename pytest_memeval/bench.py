@@ -60,6 +60,12 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         help="scenarios per forward pass of the fast path (default: the decoder's)",
     )
     parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per forward pass of the fast path (default: the decoder's, 32768)",
+    )
+    parser.add_argument(
         "--margin",
         type=float,
         default=None,
@@ -234,6 +240,8 @@ def _compare(
         kwargs["batch_size"] = args.batch_size
     if args.margin is not None:
         kwargs["margin"] = args.margin
+    if args.max_batch_tokens is not None:
+        kwargs["max_batch_tokens"] = args.max_batch_tokens
     fast = FastDecoder(loaded, max_new, **kwargs)
     reference = ReferenceDecoder(loaded, max_new)
     # Warm both paths up (first calls allocate and import), outside the timings.
