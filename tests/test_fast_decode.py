@@ -229,7 +229,9 @@ def test_plugin_runs_predict_what_the_reference_path_predicts(
     for label, extra in {"serial": [], "xdist": ["-n", "2"]}.items():
         out = memeval_project.path / "runs" / label
         result = memeval_project.run("--ckpt", "demo", "--memeval-out", str(out), *extra)
-        result.stdout.fnmatch_lines(["throughput: * scenarios/s over * s (decode fast)"])
+        result.stdout.fnmatch_lines(
+            ["throughput: * scenarios/s over * s (decode fast, mean batch *)"]
+        )
         text = (out / "predictions.jsonl").read_text("utf-8")
         records = [json.loads(line) for line in text.splitlines()]
         assert {r["decode"] for r in records} == {"fast"}
