@@ -61,11 +61,11 @@ class MemevalController:
             )
         config.pluginmanager.register(_ReleaseRecords(), "memeval-release-records")
         if config.pluginmanager.has_plugin("xdist"):
-            from .scheduler import SchedulerPlugin, chunk_size
+            from .scheduler import SchedulerPlugin
 
             config.pluginmanager.register(_XdistSelection(self), "memeval-xdist-selection")
             config.pluginmanager.register(
-                SchedulerPlugin(set(state.scope_ids), chunk_size(config, state.decode_path)),
+                SchedulerPlugin(set(state.scope_ids), state.decode_path),
                 "memeval-scheduler",
             )
 

@@ -114,12 +114,14 @@ class ScenarioScheduling(LoadScopeScheduling):  # type: ignore[misc]
 class SchedulerPlugin:
     """Registered on the controller only when xdist is active and ``--dist`` is ``load``."""
 
-    def __init__(self, scenario_ids: set[str], chunk: int = 1) -> None:
+    def __init__(self, scenario_ids: set[str], decode_path: str = "fast") -> None:
         self.scenario_ids = scenario_ids
-        self.chunk = chunk
+        self.decode_path = decode_path
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         if config.getoption("dist", None) != "load":
             return None  # the user chose a strategy explicitly; respect it
-        return ScenarioScheduling(config, log, self.scenario_ids, self.chunk)
+        # Decided here, after every pytest_configure (the device binder registers in one).
+        chunk = chunk_size(config, self.decode_path)
+        return ScenarioScheduling(config, log, self.scenario_ids, chunk)

@@ -144,3 +144,18 @@ def test_two_workers_decode_full_batches(
     assert set(placed) == set(by_id)
     assert all(placed[sid] == {by_id[sid]} for sid in by_id)
     assert content(runs["serial"][1]) == content(predictions)
+
+
+def test_chunk_is_the_fast_batch_size_of_the_workers_devices(pytester: pytest.Pytester) -> None:
+    from pytest_memeval.decode.fast import DEFAULT_ACCELERATOR_BATCH_SIZE, DEFAULT_BATCH_SIZES
+    from pytest_memeval.device_binding import BINDER_NAME, XdistDeviceBinder
+    from pytest_memeval.devices import DeviceSource
+    from pytest_memeval.scheduler import chunk_size
+
+    config = pytester.parseconfig("--dist", "load", "--tx", "2*popen")
+    assert chunk_size(config, "fast") == DEFAULT_BATCH_SIZES["cpu"] == 4
+    assert chunk_size(config, "reference") == 1
+    binder = XdistDeviceBinder(DeviceSource(("0", "1"), "test"), 1, 1, "test", 2)
+    config.pluginmanager.register(binder, BINDER_NAME)
+    assert chunk_size(config, "fast") == DEFAULT_ACCELERATOR_BATCH_SIZE == 16
+    assert chunk_size(config, "replay") == 1
