@@ -526,8 +526,12 @@ class FastDecoder:
                 self._measure(
                     "first" if j == 0 else "step", logits[row, column[start - 1 + j]], step
                 )
-        generated = self._generate_rows(
-            [(row, plans[row].turns[n].prompt.ids, 0) for row, n in picked], cache, True
+        generated = (
+            self._generate_rows(
+                [(row, plans[row].turns[n].prompt.ids, 0) for row, n in picked], cache, True
+            )
+            if picked
+            else None
         )
         if generated is not None:
             for (new, steps), (fast_new, fast_steps) in zip(references, generated, strict=True):
@@ -546,6 +550,8 @@ class FastDecoder:
         """Record how far two computations of one position's logits are apart."""
         import torch
 
+        # On the CPU: the fast path's and the reference's logits may sit on different devices.
+        fast, reference = fast.float().cpu(), reference.float().cpu()
         delta = (fast - reference).abs()
         self.disagreement[kind].append(float(delta.max()))
         # In ulps of each logit (the larger of the two values), as stored in the model dtype.
