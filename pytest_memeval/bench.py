@@ -361,7 +361,13 @@ def cli_main(args: argparse.Namespace) -> int:
     print(f"reference: {ref.seconds:8.2f} s  {ref.per_s(n):8.2f} scenarios/s")
     print(
         f"fast:      {fst.seconds:8.2f} s  {fst.per_s(n):8.2f} scenarios/s  "
-        f"(batch {fast.batch_size}, margin {fast.margin:g})"
+        f"(batch {fast.batch_size}, "
+        + (
+            "margin in ulps of the top logit, below"
+            if any(fast.bounds_ulps.values())
+            else f"margin {fast.margin:g}"
+        )
+        + ")"
     )
     print(f"  turns: {_describe_stats(fast.stats)}")
     handed = handed_to_reference(fast.stats)
