@@ -68,7 +68,7 @@ def test_bench_in_bfloat16_calibrates_relative_bounds(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "; bfloat16, eager attention" in out.splitlines()[0]
     assert "margin in ulps of the top logit" in out
-    assert re.search(r"cached steps\): max .*; bound 3 ulp of the top logit", out)
+    assert re.search(r"cached steps\): max .*; bound [\d.]+ ulp of the top logit", out)
     assert out.strip().splitlines()[-1].endswith("predictions identical: yes") and code == 0
 
 
