@@ -216,9 +216,14 @@ def _describe_disagreement(fast: Any) -> list[str]:
         values = fast.disagreement[kind]
         top, p99 = summarize(values)
         top_ulps, p99_ulps = summarize(fast.disagreement_ulps[kind])
+        relative = any(fast.bounds_ulps.values())  # 16-bit: ulps say more than fp32 units
         measured = (
-            f"max {top:.3g} ({top_ulps:.2g} ulp), p99 {p99:.3g} ({p99_ulps:.2g} ulp) over "
-            f"{len(values)} positions"
+            (
+                f"max {top:.3g} ({top_ulps:.2g} ulp), p99 {p99:.3g} ({p99_ulps:.2g} ulp)"
+                if relative
+                else f"max {top:.3g}, p99 {p99:.3g}"
+            )
+            + f" over {len(values)} positions"
             if values
             else "not measured"
         )

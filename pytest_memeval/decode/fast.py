@@ -554,8 +554,11 @@ class FastDecoder:
         fast, reference = fast.float().cpu(), reference.float().cpu()
         delta = (fast - reference).abs()
         self.disagreement[kind].append(float(delta.max()))
-        # In ulps of each logit (the larger of the two values), as stored in the model dtype.
-        magnitude = torch.maximum(fast.abs(), reference.abs()).clamp_min(2.0**-24)
+        # In ulps as stored in the model dtype: of the logit itself, or of the top logit when
+        # that is larger (the bound is counted in ulps of the top logit; a small logit far
+        # below the top does not decide anything and must not inflate the count).
+        top = float(torch.maximum(fast.max(), reference.max()).abs())
+        magnitude = torch.maximum(fast.abs(), reference.abs()).clamp_min(max(top, 2.0**-24))
         bits = MANTISSA_BITS.get(self.loaded.dtype, 7)
         units = torch.exp2(torch.floor(torch.log2(magnitude)) - bits)
         self.disagreement_ulps[kind].append(float((delta / units).max()))
