@@ -107,7 +107,8 @@ class MemevalWorker:
 
         Only scenarios that certainly run here: without xdist the session's own item order;
         under xdist the items the controller has already sent to this worker (with the
-        scenario scheduler, usually one or two scenarios). The prefetch time is split evenly
+        fast path, the scenario scheduler sends a batch's worth of scenarios at once). The
+        prefetch time is split evenly
         over the batch, so each record's ``decode_s`` still adds up to the decoding time.
         """
         if scenario.id in self._decode_share:
