@@ -60,6 +60,12 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         help="scenarios per forward pass of the fast path (default: the decoder's)",
     )
     parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per forward pass of the fast path (default: the decoder's, 32768)",
+    )
+    parser.add_argument(
         "--margin",
         type=float,
         default=None,
@@ -88,7 +94,18 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         help="which generated data set the growth table decodes (default: oracle when the "
         "profile's builder has an init_state_manifest, else baseline)",
     )
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="load the model in this dtype instead of the profile's generation.dtype",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device (default cpu); on an accelerator (cuda, cuda:1, mps) the fast "
+        "path's batch size defaults to 16 and the peak accelerator memory is reported",
+    )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
     )
@@ -165,9 +182,56 @@ def _describe_stats(stats: Any) -> str:
     text = ", ".join(parts)
     if detail:
         text += " (" + ", ".join(detail) + ")"
+    if stats["calibration_turns"]:
+        text += f"; {stats['calibration_turns']} also run by the reference call to calibrate"
+    if stats["forward_only"]:
+        text += f"; {stats['forward_only']} wrong turns settled by the forward pass alone"
+    if stats["draft_tokens"]:
+        text += f"; {stats['draft_tokens']} tokens taken from the truth as a draft"
     if stats["reference_scenarios"]:
         text += f"; {stats['reference_scenarios']} scenarios on the reference path"
     return text
+
+
+def handed_to_reference(stats: Any) -> int:
+    """Turns whose output the fast path took from the reference call itself."""
+    return int(
+        stats["generated_reference_rerun"]
+        + stats["generated_without_cache"]
+        + stats["reference_scenario_turns"]
+    )
+
+
+def _describe_disagreement(fast: Any) -> list[str]:
+    """What the calibration measured and the bounds it set, one line per kind."""
+    from .decode.fast import summarize
+
+    labels = {
+        "first": "first answer token (forward pass vs generate's prefill)",
+        "step": "later answer tokens (forward pass vs generate's cached steps)",
+        "generate": "fast generate (cropped cache, batched) vs the reference call",
+    }
+    lines = ["  logit disagreement with the reference computation, max |delta| per position:"]
+    for kind, label in labels.items():
+        values = fast.disagreement[kind]
+        top, p99 = summarize(values)
+        top_ulps, p99_ulps = summarize(fast.disagreement_ulps[kind])
+        relative = any(fast.bounds_ulps.values())  # 16-bit: ulps say more than fp32 units
+        measured = (
+            (
+                f"max {top:.3g} ({top_ulps:.2g} ulp), p99 {p99:.3g} ({p99_ulps:.2g} ulp)"
+                if relative
+                else f"max {top:.3g}, p99 {p99:.3g}"
+            )
+            + f" over {len(values)} positions"
+            if values
+            else "not measured"
+        )
+        bound = f"{fast.bounds[kind]:.3g}"
+        if fast.bounds_ulps[kind]:
+            bound = f"{fast.bounds_ulps[kind]:g} ulp of the top logit"
+        lines.append(f"    {label}: {measured}; bound {bound}")
+    return lines
 
 
 def _compare(
@@ -181,6 +245,8 @@ def _compare(
         kwargs["batch_size"] = args.batch_size
     if args.margin is not None:
         kwargs["margin"] = args.margin
+    if args.max_batch_tokens is not None:
+        kwargs["max_batch_tokens"] = args.max_batch_tokens
     fast = FastDecoder(loaded, max_new, **kwargs)
     reference = ReferenceDecoder(loaded, max_new)
     # Warm both paths up (first calls allocate and import), outside the timings.
@@ -281,9 +347,9 @@ def cli_main(args: argparse.Namespace) -> int:
         loaded = load_model(
             profile.model,
             profile.adapter,
-            dtype=settings.dtype,
             attn_implementation=settings.attn_implementation,
             device=args.device,
+            dtype=args.dtype or settings.dtype,
         )
     except CheckpointError as exc:
         return _fail(str(exc))
@@ -292,7 +358,7 @@ def cli_main(args: argparse.Namespace) -> int:
     n_turns = sum(len(s.assistant_indices) for s in scenarios)
     print(
         f"memeval bench: profile {profile.name}, {n} scenarios, {n_turns} assistant turns, "
-        f"{_tokens(loaded, scenarios)} tokens; {settings.dtype}, {settings.attn_implementation} "
+        f"{_tokens(loaded, scenarios)} tokens; {loaded.dtype}, {settings.attn_implementation} "
         f"attention, adapter {profile.adapter or 'none'}, max_new_tokens {max_new}, "
         f"{args.device}, {torch.get_num_threads()} torch threads"
     )
@@ -300,13 +366,30 @@ def cli_main(args: argparse.Namespace) -> int:
     print(f"reference: {ref.seconds:8.2f} s  {ref.per_s(n):8.2f} scenarios/s")
     print(
         f"fast:      {fst.seconds:8.2f} s  {fst.per_s(n):8.2f} scenarios/s  "
-        f"(batch {fast.batch_size}, margin {fast.margin:g})"
+        f"(batch {fast.batch_size}, "
+        + (
+            "margin in ulps of the top logit, below"
+            if any(fast.bounds_ulps.values())
+            else f"margin {fast.margin:g}"
+        )
+        + ")"
     )
     print(f"  turns: {_describe_stats(fast.stats)}")
+    handed = handed_to_reference(fast.stats)
+    print(
+        f"  handed to the reference call: {handed} of {fast.stats['turns']} turns "
+        f"({100 * handed / max(1, fast.stats['turns']):.1f}%)"
+    )
+    for line in _describe_disagreement(fast):
+        print(line)
     print(
         "  seconds: {prompts:.2f} building prompts (shared with the reference path), "
-        "{forward:.2f} forward passes, {generate:.2f} generate".format(**fast.seconds)
+        "{forward:.2f} forward passes, {generate:.2f} generate, {calibration:.2f} "
+        "calibration".format(**{"calibration": 0.0, **fast.seconds})
     )
+    if args.device != "cpu" and torch.cuda.is_available() and args.device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**30
+        print(f"  peak accelerator memory: {peak:.2f} GiB (torch.cuda.max_memory_allocated)")
     if differ:
         print(f"predictions differ in {len(differ)} scenarios: {', '.join(differ[:10])}")
     try:

@@ -53,6 +53,8 @@ class MemevalController:
         self.selected: set[str] | None = None
         self.metrics: dict[str, Any] | None = None
         self.problems: list[str] = []
+        #: (scenarios in its forward pass, most per pass) of each written batched record
+        self._batches: list[tuple[int, int]] = []
         self.started = time.time()
         self.resumed: ResumePoint | None = None
         #: where this run journals (a new subsets/<time>/, or the run it resumes)
@@ -83,7 +85,8 @@ class MemevalController:
 
             config.pluginmanager.register(_XdistSelection(self), "memeval-xdist-selection")
             config.pluginmanager.register(
-                SchedulerPlugin(state.benchmark.id_map), "memeval-scheduler"
+                SchedulerPlugin(state.benchmark.id_map, state.decode_path),
+                "memeval-scheduler",
             )
 
     # -- collection: which scenarios this run selected -------------------------------------
@@ -165,6 +168,7 @@ class MemevalController:
 
         predictions = self.stage / PREDICTIONS
         tally = Tally()
+        self._batches = []
         atomic_write(predictions, self._predictions_lines(done, tally))
         recounted = recount_file(predictions)
         counts = tally.counts()
@@ -205,6 +209,7 @@ class MemevalController:
             timing={
                 "wall_s": round(wall, 3),
                 "scenarios_per_s": round(len(done) / wall, 3) if wall > 0 else None,
+                **_batch_timing(self._batches),
             },
             # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
             overrides=self.state.extra.get("overrides", {}),
@@ -237,6 +242,8 @@ class MemevalController:
 
         for record in self.journal.read_at(self.offsets[sid] for sid in ids):
             tally.add(record)
+            if isinstance(record.get("decode_batch"), int):
+                self._batches.append((record["decode_batch"], record["decode_batch_size"]))
             yield json.dumps(record, ensure_ascii=False) + "\n"
 
     # -- terminal ------------------------------------------------------------------------
@@ -370,6 +377,17 @@ def _with_ci(line: str, block: dict[str, Any]) -> list[str]:
     return [line, " " * 16 + words] if words else [line]
 
 
+def _batch_timing(batches: list[tuple[int, int]]) -> dict[str, Any]:
+    """``mean_batch`` (scenarios per forward pass, averaged over scenarios) and ``batch_size``
+    (the most per pass) of the scenarios decoded by a batched pass; empty when none was."""
+    if not batches:
+        return {}
+    return {
+        "mean_batch": round(sum(b for b, _ in batches) / len(batches), 3),
+        "batch_size": max(size for _, size in batches),
+    }
+
+
 def format_summary(m: dict[str, Any]) -> str:
     """The terminal lines for a metrics dict."""
     lines = [
@@ -386,9 +404,14 @@ def format_summary(m: dict[str, Any]) -> str:
         )
     timing = m.get("timing") or {}
     if timing.get("scenarios_per_s") is not None:
+        batch = (
+            f", mean batch {timing['mean_batch']:.1f} of {timing['batch_size']}"
+            if timing.get("mean_batch") is not None
+            else ""
+        )
         lines.append(
             f"throughput: {timing['scenarios_per_s']:.2f} scenarios/s "
-            f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')})"
+            f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')}{batch})"
         )
     return "\n".join(lines)
 

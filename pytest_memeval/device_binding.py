@@ -39,6 +39,7 @@ from .devices import (
     assignment_for,
     available_cores,
     describe_assignment,
+    group_devices,
     resolve_devices,
     short_list,
     threads_per_worker,
@@ -81,8 +82,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
         source = resolve_devices(gpus, os.environ)
     except DeviceError as exc:
         raise pytest.UsageError(str(exc)) from None
-    assignment = Assignment(source.gpus[0] if source.gpus else CPU)
     try:
+        per_worker = int(getattr(ns, "memeval_gpus_per_worker", 1) or 1)
+        groups = group_devices(source.gpus, per_worker) if source.gpus else ()
+        assignment = Assignment(groups[0] if groups else CPU)
         apply_assignment(assignment)
     except DeviceError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -120,7 +123,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         return None  # pytest_configure reports it
     if source.on_cpu:
         return None
-    return len(source.gpus) * max(1, int(config.getoption("memeval_workers_per_gpu")))
+    try:
+        groups = group_devices(source.gpus, int(config.getoption("memeval_gpus_per_worker")))
+    except DeviceError:
+        return None  # pytest_configure reports it
+    return len(groups) * max(1, int(config.getoption("memeval_workers_per_gpu")))
 
 
 def _worker_specs(config: pytest.Config) -> list[str]:
@@ -146,11 +153,25 @@ def pytest_configure(config: pytest.Config) -> None:
     per_device = config.getoption("memeval_workers_per_gpu")
     if per_device < 1:
         raise pytest.UsageError(f"--memeval-workers-per-gpu must be at least 1, got {per_device}")
+    per_worker = config.getoption("memeval_gpus_per_worker")
+    if per_worker > 1 and per_device > 1:
+        raise pytest.UsageError(
+            f"--memeval-gpus-per-worker {per_worker} and --memeval-workers-per-gpu {per_device} "
+            "cannot be combined: a worker either shares a GPU or spans several"
+        )
     try:
         source = resolve_devices(config.getoption("memeval_gpus"), os.environ)
+        groups = group_devices(source.gpus, per_worker)
     except DeviceError as exc:
         raise pytest.UsageError(str(exc)) from None
     n_workers = len(specs)
+    if not source.on_cpu and per_worker > 1 and n_workers > len(groups):
+        raise pytest.UsageError(
+            f"pytest-memeval: {n_workers} xdist workers with {per_worker} GPUs each need "
+            f"{n_workers * per_worker} GPUs, but there are {len(source.gpus)} "
+            f"({short_list(source.gpus)}, {source.origin}), i.e. at most {len(groups)} "
+            f"workers. Use -n {len(groups)}."
+        )
     if not source.on_cpu and n_workers > len(source.gpus) * per_device:
         allow = -(-n_workers // len(source.gpus))
         raise pytest.UsageError(
@@ -161,7 +182,7 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--memeval-workers-per-gpu {allow}."
         )
     threads, why = threads_per_worker(n_workers, os.environ, available_cores())
-    binder = XdistDeviceBinder(source, per_device, threads, why, n_workers)
+    binder = XdistDeviceBinder(source, per_device, threads, why, n_workers, per_worker)
     config.pluginmanager.register(binder, BINDER_NAME)
 
 
@@ -170,13 +191,22 @@ class XdistDeviceBinder:
     xdist with binding on)."""
 
     def __init__(
-        self, source: DeviceSource, per_device: int, threads: int, why: str, n_workers: int
+        self,
+        source: DeviceSource,
+        per_device: int,
+        threads: int,
+        why: str,
+        n_workers: int,
+        gpus_per_worker: int = 1,
     ) -> None:
         self.source = source
         self.n_workers = n_workers
         self.threads = threads
         self.threads_why = why
-        self.pool = DevicePool(source.gpus or (CPU,), per_device if source.gpus else 1 << 30)
+        self.gpus_per_worker = gpus_per_worker
+        # With --memeval-gpus-per-worker K a pool "device" is a group of K GPUs ("0,1").
+        units = group_devices(source.gpus, gpus_per_worker) if source.gpus else (CPU,)
+        self.pool = DevicePool(units, per_device if source.gpus else 1 << 30)
         self.order: list[str] = []  # worker ids in the order they were assigned
         self.down: list[tuple[str, str]] = []  # (worker, device) of workers that went down
         self.events: list[str] = []
@@ -250,10 +280,14 @@ class XdistDeviceBinder:
                 f"each ({self.threads_why})"
             )
         else:
+            share = (
+                f"{self.gpus_per_worker} GPUs per worker (device_map over them)"
+                if self.gpus_per_worker > 1
+                else f"{self.pool.per_device} worker(s) per GPU"
+            )
             first = (
-                f"memeval: GPUs {short_list(src.gpus)} ({src.origin}), "
-                f"{self.pool.per_device} worker(s) per GPU, {self.threads} torch thread(s) "
-                f"per worker ({self.threads_why})"
+                f"memeval: GPUs {short_list(src.gpus)} ({src.origin}), {share}, "
+                f"{self.threads} torch thread(s) per worker ({self.threads_why})"
             )
         mapping = self.mapping()
         return [first] + ([f"memeval: workers: {', '.join(mapping)}"] if mapping else [])

@@ -38,6 +38,7 @@ __all__ = [
     "available_cores",
     "detect_gpus",
     "device_label",
+    "group_devices",
     "parse_gpu_list",
     "resolve_devices",
     "threads_per_worker",
@@ -81,6 +82,11 @@ class Assignment:
     @property
     def on_cpu(self) -> bool:
         return self.device == CPU
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        """The GPUs of this assignment (several with ``--memeval-gpus-per-worker``)."""
+        return () if self.on_cpu else tuple(self.device.split(","))
 
 
 # -- the device list ------------------------------------------------------------------------
@@ -191,6 +197,24 @@ def resolve_devices(gpus_option: str | None, environ: Mapping[str, str]) -> Devi
         return DeviceSource(outer, f"CUDA_VISIBLE_DEVICES={environ.get(CVD, '')}")
     gpus, how = detect_gpus()
     return DeviceSource(gpus, how)
+
+
+def group_devices(gpus: Sequence[str], per_worker: int) -> tuple[str, ...]:
+    """The GPUs in groups of ``per_worker``, each a ``CUDA_VISIBLE_DEVICES`` value
+    (``("0", "1", "2", "3")``, 2 -> ``("0,1", "2,3")``), in list order. GPUs left over (5 GPUs
+    in groups of 2) are not used. A group is one xdist worker's devices: it loads the model
+    across them (``device_map="auto"``)."""
+    if per_worker < 1:
+        raise DeviceError(f"--memeval-gpus-per-worker must be at least 1, got {per_worker}")
+    if per_worker == 1:
+        return tuple(gpus)
+    if len(gpus) < per_worker:
+        raise DeviceError(
+            f"--memeval-gpus-per-worker {per_worker}: only {len(gpus)} GPU(s) "
+            f"({short_list(gpus)}) for a worker that needs {per_worker}"
+        )
+    n = len(gpus) // per_worker
+    return tuple(",".join(gpus[i * per_worker : (i + 1) * per_worker]) for i in range(n))
 
 
 # -- CPU threads ----------------------------------------------------------------------------
@@ -305,10 +329,12 @@ def assignment_for(config: pytest.Config) -> Assignment | None:
 
 
 def worker_device(config: pytest.Config) -> str:
-    """The torch device string this process decodes on (``cuda:0``, ``cuda`` or ``cpu``).
+    """The torch device string this process decodes on (``cuda:0``, ``cuda``, ``cpu``, or
+    ``auto``: the model is spread over several GPUs with ``device_map="auto"``).
 
-    A bound process sees exactly one GPU, so it is always ``cuda:0`` there. This is the first
-    place that imports torch in a worker; the thread count is applied to torch here too.
+    A bound process sees exactly its own GPUs: one (``cuda:0``), or the K of
+    ``--memeval-gpus-per-worker K`` (``auto``). This is the first place that imports torch in
+    a worker; the thread count is applied to torch here too.
     """
     assignment = assignment_for(config)
     import torch
@@ -316,7 +342,9 @@ def worker_device(config: pytest.Config) -> str:
     if assignment is not None:
         if assignment.threads is not None:
             torch.set_num_threads(assignment.threads)
-        return CPU if assignment.on_cpu else "cuda:0"
+        if assignment.on_cpu:
+            return CPU
+        return "auto" if len(assignment.gpus) > 1 else "cuda:0"
     return "cuda" if torch.cuda.is_available() else CPU
 
 
@@ -329,6 +357,10 @@ def describe_assignment(assignment: Assignment) -> str:
     ``cuda:0 (MIG-...)``, ``cpu (2 threads)``."""
     if assignment.on_cpu:
         return CPU if assignment.threads is None else f"{CPU} ({_threads_text(assignment.threads)})"
+    gpus = assignment.gpus
+    if len(gpus) > 1:
+        what = "physical " + ",".join(gpus) if all(g.isdigit() for g in gpus) else ",".join(gpus)
+        return f"cuda:0-{len(gpus) - 1} ({what})"
     what = f"physical {assignment.device}" if assignment.device.isdigit() else assignment.device
     return f"cuda:0 ({what})"
 

@@ -125,8 +125,17 @@ def load_model(
     dtype: str = "float32",
     attn_implementation: str = "eager",
     device: str = "cpu",
+    device_map: str | dict[str, Any] | None = None,
 ) -> LoadedModel:
-    """Load base model, tokenizer and adapter for evaluation (eval mode, no gradients)."""
+    """Load base model, tokenizer and adapter for evaluation (eval mode, no gradients).
+
+    ``device_map`` (or ``device="auto"``, which means ``device_map="auto"``) spreads the model
+    over several devices as accelerate does (a model larger than one GPU; the worker of
+    ``--memeval-gpus-per-worker K`` sees exactly its K GPUs); inputs then go to the device of
+    the input embeddings.
+    """
+    if device == "auto" and device_map is None:
+        device_map = "auto"
     check_model_dir(model_dir)
     if adapter_dir is not None:
         check_adapter_dir(adapter_dir)
@@ -155,6 +164,7 @@ def load_model(
         use_safetensors=True,
         trust_remote_code=False,
         local_files_only=True,
+        **({"device_map": device_map} if device_map is not None else {}),
     )
     if adapter_dir is not None:
         from peft import PeftModel
@@ -169,7 +179,11 @@ def load_model(
                 f"{adapter_dir}: adapter does not fit the base model {model_dir} ({first})"
             ) from None
         _check_adapter_applied(model, adapter_dir, model_dir)
-    model.to(device)
+    if device_map is None:
+        model.to(device)
+    else:
+        # Dispatched over devices: the first layer's device takes the inputs.
+        device = str(model.get_input_embeddings().weight.device)
     model.eval()
     stop = _stop_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]

@@ -111,6 +111,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="allow K xdist workers on each GPU (default 1: more workers than GPUs is an error)",
     )
     group.addoption(
+        "--memeval-gpus-per-worker",
+        dest="memeval_gpus_per_worker",
+        metavar="K",
+        type=int,
+        default=1,
+        help="give each xdist worker K GPUs and load the model across them (device_map, for "
+        "models larger than one GPU); workers = GPUs / K, more is an error (default 1)",
+    )
+    group.addoption(
         "--memeval-shard",
         dest="memeval_shard",
         metavar="K/N",

@@ -92,6 +92,11 @@ class MemevalWorker:
         self._prefetch(decoder, scenario)
         started = time.perf_counter()
         rollout = decoder.rollout(scenario)
+        batched = (
+            {"decode_batch": rollout.batch, "decode_batch_size": rollout.batch_size}
+            if rollout.batch_size
+            else {}
+        )
         record = score(
             scenario,
             rollout,
@@ -101,6 +106,7 @@ class MemevalWorker:
             decode_s=round(
                 time.perf_counter() - started + self._decode_share.pop(scenario.id, 0.0), 6
             ),
+            **batched,
         )
         overlong = self.state.extra.get("overlong", {}).get(scenario.id)
         if overlong is not None:
@@ -117,7 +123,8 @@ class MemevalWorker:
 
         Only scenarios that certainly run here: without xdist the session's own item order;
         under xdist the items the controller has already sent to this worker (with the
-        scenario scheduler, usually one or two scenarios). The prefetch time is split evenly
+        fast path, the scenario scheduler sends a batch's worth of scenarios at once). The
+        prefetch time is split evenly
         over the batch, so each record's ``decode_s`` still adds up to the decoding time.
         """
         if scenario.id in self._decode_share:

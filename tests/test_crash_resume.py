@@ -25,7 +25,7 @@ from pytest_memeval.rundir import JOURNAL_HEADER_KEY, Journal
 from .conftest import EVAL_MODULE, MemevalProject, demo_records, write_jsonl
 
 N = 3
-PLACEMENT = ("worker", "device", "decode_s")
+PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
 COUNTS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "fingerprints")
 
 FAULTS_CONFTEST = '''

@@ -13,7 +13,7 @@ from pytest_memeval.recount import recount_run
 from .conftest import MemevalProject, demo_records
 
 # Fields that say where and how fast a record was made, not what was predicted.
-PLACEMENT = ("worker", "device", "decode_s")
+PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
 
 
 def content(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,12 +27,14 @@ from .conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
 MAX_NEW = 16
 N_SCENARIOS = 8
 
-# (adapter, data variant): both demo profiles, and the base model alone, whose predictions
-# are often wrong, so that the generate fallback must run.
+# (adapter, data variant, dtype): both demo profiles, the base model alone, whose
+# predictions are often wrong, so that the generate fallback must run, and the oracle profile
+# in bfloat16, where near ties are common and the bounds are relative (ulps).
 CASES = {
-    "baseline": ("baseline", "baseline"),
-    "oracle": ("oracle", "oracle"),
-    "base-only": (None, "baseline"),
+    "baseline": ("baseline", "baseline", "float32"),
+    "oracle": ("oracle", "oracle", "float32"),
+    "base-only": (None, "baseline", "float32"),
+    "oracle-bf16": ("oracle", "oracle", "bfloat16"),
 }
 
 
@@ -68,8 +70,8 @@ def case(request: pytest.FixtureRequest) -> Iterator[Case]:
     import torch
 
     torch.set_num_threads(1)  # shared 2-core machines
-    adapter, variant = CASES[request.param]
-    loaded = load_model(BASE_MODEL, ADAPTERS / adapter if adapter else None)
+    adapter, variant, dtype = CASES[request.param]
+    loaded = load_model(BASE_MODEL, ADAPTERS / adapter if adapter else None, dtype=dtype)
     yield Case(request.param, loaded, variant)
 
 
@@ -79,10 +81,15 @@ def test_one_scenario_at_a_time_matches_reference(case: Case) -> None:
     fast = [decoder.rollout(s) for s in case.scenarios]
     assert_same(fast, case.reference, case.ids)
     turns = sum(len(r.outputs) for r in fast)
-    assert decoder.stats["turns"] == turns
-    assert decoder.stats["teacher_forced"] + decoder.stats["generated"] == turns
+    stats = decoder.stats
+    assert stats["turns"] == turns
+    assert stats["teacher_forced"] + stats["forward_only"] + stats["generated"] == turns
     # ``generated`` says truthfully how each output was obtained.
-    assert sum(not o.generated for r in fast for o in r.outputs) == decoder.stats["teacher_forced"]
+    forward = stats["teacher_forced"] + stats["forward_only"]
+    assert sum(not o.generated for r in fast for o in r.outputs) == forward
+    # The first batch calibrated the bounds against the reference call.
+    assert 0 < stats["calibration_turns"] <= decoder.calibration_turns
+    assert decoder.disagreement["first"] and decoder.disagreement["generate"]
     if case.name == "base-only":
         # The base model alone is often wrong: the generate fallback must have run (and, by
         # the comparison above, agreed with the reference wherever it did).
@@ -107,11 +114,46 @@ def test_margin_guard_reruns_near_ties_with_the_reference_call(case: Case) -> No
     cached generation is re-decided by the reference call, and the outputs still agree."""
     decoder = FastDecoder(case.loaded, MAX_NEW, margin=math.inf)
     fast = decoder.decode(case.scenarios[:3])
+    assert decoder.stats["calibration_turns"] == 0  # a given margin is not calibrated
     turns = sum(len(r.outputs) for r in fast)
     assert all(o.generated for r in fast for o in r.outputs)
     assert decoder.stats["generated_near_tie"] == turns
     assert decoder.stats["generated_reference_rerun"] == turns
     assert_same(fast, case.reference[:3], case.ids[:3])
+
+
+def test_truth_as_a_draft_and_calibration_agree_with_reference(case: Case) -> None:
+    """Wrong turns continue from the truth the model did reproduce (its draft), generated
+    one scenario at a time and batched; a calibration may cover every turn. Both agree with
+    the reference turn for turn."""
+    decoder = FastDecoder(case.loaded, MAX_NEW, batch_size=3)
+    assert_same(decoder.decode(case.scenarios), case.reference, case.ids)
+    if decoder.stats["generated_mismatch"]:
+        assert decoder.stats["draft_tokens"] > 0
+    everything = FastDecoder(case.loaded, MAX_NEW, batch_size=16, calibration_turns=10_000)
+    fast = everything.decode(case.scenarios)
+    assert_same(fast, case.reference, case.ids)
+    with_truth = sum(1 for r in fast for _ in r.outputs) - everything.stats["generated_no_truth"]
+    assert everything.stats["calibration_turns"] == with_truth
+
+
+def test_bounds_come_from_the_measured_disagreement(case: Case) -> None:
+    from pytest_memeval.decode.fast import PRIOR_ULPS, SAFETY, calibrated_bound, ulp
+
+    decoder = FastDecoder(case.loaded, MAX_NEW)
+    decoder.decode(case.scenarios[:4])
+    for kind in ("first", "step", "generate"):
+        measured = decoder.disagreement[kind]
+        assert all(d >= 0 for d in measured)
+        assert (decoder.bounds[kind], decoder.bounds_ulps[kind]) == calibrated_bound(
+            case.loaded.dtype, kind, measured, decoder.disagreement_ulps[kind]
+        )
+    if case.loaded.dtype == "bfloat16":
+        # Relative bounds: at least SAFETY x 2 x the prior, in ulps of the top logit.
+        assert decoder.bounds_ulps["step"] >= SAFETY * 2 * PRIOR_ULPS["bfloat16"]["step"]
+        assert ulp(16.5, "bfloat16") == 0.125 and ulp(-9.0, "bfloat16") == 0.0625
+    else:
+        assert decoder.bounds_ulps["step"] == 0.0 and decoder.bounds["step"] >= 1e-2
 
 
 def test_truth_longer_than_max_new_tokens(case: Case) -> None:
@@ -187,7 +229,9 @@ def test_plugin_runs_predict_what_the_reference_path_predicts(
     for label, extra in {"serial": [], "xdist": ["-n", "2"]}.items():
         out = memeval_project.path / "runs" / label
         result = memeval_project.run("--ckpt", "demo", "--memeval-out", str(out), *extra)
-        result.stdout.fnmatch_lines(["throughput: * scenarios/s over * s (decode fast)"])
+        result.stdout.fnmatch_lines(
+            ["throughput: * scenarios/s over * s (decode fast, mean batch *)"]
+        )
         text = (out / "predictions.jsonl").read_text("utf-8")
         records = [json.loads(line) for line in text.splitlines()]
         assert {r["decode"] for r in records} == {"fast"}

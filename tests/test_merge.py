@@ -20,7 +20,7 @@ from pytest_memeval.sharding import shard_scope, shard_slice
 from .conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
 from .runfactory import make_record
 
-PLACEMENT = ("worker", "device", "decode_s")
+PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
 COUNT_FIELDS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "generated_turns")
 FINGERPRINTS = {
     "benchmark": "sha256:bench",

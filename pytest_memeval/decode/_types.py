@@ -33,6 +33,10 @@ class Rollout:
     path: str
     prompt_tail: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: scenarios in the forward pass that decoded this one, and the decoder's most per pass
+    #: (0, 0: not decoded by a batched pass, e.g. the reference path)
+    batch: int = 0
+    batch_size: int = 0
 
 
 class Decoder(Protocol):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -58,13 +59,46 @@ GENERATE_ROWS_FACTOR = 4
 #: Padded tokens per forward pass (batch rows x longest row), bounding activation memory.
 DEFAULT_MAX_BATCH_TOKENS = 32768
 
-#: Top-1/top-2 logit margins (fp32 units) below which a greedy decision is not trusted, by
-#: model dtype. Batched-vs-single and cached-vs-prefilled logits differ by rounding only: at
-#: most 1e-5 in fp32 on the demo model (logits up to 15), a few units in the last place in
-#: 16-bit (an ulp is 1/128 of the logit's magnitude in bfloat16, 1/1024 in float16). The
-#: bounds sit far above those differences (1000x in fp32, ~8-16 ulps at |logit| 16-32 in
-#: 16-bit); a larger bound only makes the decoder generate more turns, never less exact.
+#: Bounds used where no measurement exists (a kind of decision the calibration did not see, or
+#: ``calibrate=False``): the fixed margins of earlier releases, far above any disagreement
+#: measured (see ``docs/decoding.md``). Top-1/top-2 logit margins in fp32 units, by model dtype.
 MARGINS: dict[str, float] = {"float32": 1e-2, "float64": 1e-6, "float16": 0.25, "bfloat16": 1.0}
+
+#: The smallest absolute bound, by dtype: the old fixed bound in fp32/fp64 (1000x the
+#: disagreement measured there); in 16-bit the bound is relative (below).
+MIN_MARGINS: dict[str, float] = {"float32": 1e-2, "float64": 1e-6, "float16": 0.0, "bfloat16": 0.0}
+
+#: Mantissa bits by dtype: a logit ``x`` is stored to one unit in the last place (ulp),
+#: ``2 ** (floor(log2 |x|) - bits)``. 16-bit disagreement is counted in these units, since
+#: it grows with the logit's magnitude.
+MANTISSA_BITS: dict[str, int] = {"float32": 23, "float64": 52, "float16": 10, "bfloat16": 7}
+
+#: The per-logit disagreement (in ulps of that logit) assumed possible in 16-bit even where a
+#: calibration saw none, by kind of decision (:data:`KINDS`). Measured on the demo in
+#: bfloat16 on CPU (2026-12-01, 620 positions): the teacher-forced pass and ``generate``'s
+#: prefill agreed bit for bit at every prompt's last position; cached steps differed by up to
+#: one ulp at about 2% of positions, which a small calibration sample can miss. Half an ulp
+#: for ``first`` is the smallest difference rounding to the dtype can leave.
+PRIOR_ULPS: dict[str, dict[str, float]] = {
+    dtype: {"first": 0.5, "step": 1.0, "generate": 1.0} for dtype in ("float16", "bfloat16")
+}
+
+#: Bound = SAFETY x (largest top-1/top-2 change the disagreement allows, i.e. twice the
+#: largest per-logit difference), never below :data:`MIN_MARGINS`. In 16-bit, margins are
+#: multiples of an ulp, so a factor of 1.5 makes "at least the bound" mean "more than twice
+#: the disagreement" (at one ulp: three ulps): a margin of exactly 2d could become a tie.
+SAFETY = 1.5
+
+#: Turns whose logits the calibration compares with the reference computation (once per
+#: decoder, on its first batch; their outputs are the reference call's).
+CALIBRATION_TURNS = 12
+
+#: The kinds of greedy decision the fast path relies on, each compared with the reference
+#: computation it stands in for: ``first``: the teacher-forced logits at a prompt's last
+#: position vs ``generate``'s prefill; ``step``: teacher-forced logits at later answer
+#: positions vs ``generate``'s cached steps; ``generate``: the fast path's batched generation
+#: from the cropped cache vs ``generate``'s steps on the full prompt.
+KINDS = ("first", "step", "generate")
 
 #: Generation settings that make ``generate`` change logits (or stop) in greedy mode, with the
 #: values that leave greedy decisions alone. Any other value: the fast argument does not hold.
@@ -93,8 +127,44 @@ _NEUTRAL_SETTINGS: dict[str, tuple[Any, ...]] = {
 
 
 def default_margin(dtype: str) -> float:
-    """The margin bound used for a model loaded in ``dtype`` (see :data:`MARGINS`)."""
+    """The bound used for ``dtype`` where nothing was measured (see :data:`MARGINS`)."""
     return MARGINS.get(dtype, MARGINS["bfloat16"])
+
+
+def ulp(value: float, dtype: str) -> float:
+    """One unit in the last place of ``value`` stored in ``dtype``."""
+    _, exponent = math.frexp(abs(value) or 1.0)  # |value| = m * 2**exponent, 0.5 <= m < 1
+    return 2.0 ** (exponent - 1 - MANTISSA_BITS.get(dtype, 7))
+
+
+def calibrated_bound(
+    dtype: str, kind: str, disagreements: Sequence[float], disagreement_ulps: Sequence[float]
+) -> tuple[float, float]:
+    """``(absolute, ulps)`` bound for one kind of decision from the measured per-position
+    maxima of ``|fast logit - reference logit|`` (absolute and in ulps of each logit).
+
+    Two logits each off by at most ``d`` move the top-1/top-2 gap by at most ``2 d``: a
+    decision is trusted when its margin is at least :data:`SAFETY` times that. In fp32/fp64
+    the bound is absolute, never below :data:`MIN_MARGINS`; in 16-bit it is counted in ulps
+    of the decision's top logit, with ``d`` at least :data:`PRIOR_ULPS`. Without
+    measurements in fp32: :func:`default_margin`.
+    """
+    if dtype in PRIOR_ULPS:
+        d = max([PRIOR_ULPS[dtype][kind], *disagreement_ulps])
+        return MIN_MARGINS.get(dtype, 0.0), SAFETY * 2.0 * d
+    if not disagreements:
+        return default_margin(dtype), 0.0
+    floor = MIN_MARGINS.get(dtype, MIN_MARGINS["float32"])
+    return max(floor, SAFETY * 2.0 * max(disagreements)), 0.0
+
+
+def summarize(values: Sequence[float], quantile: float = 0.99) -> tuple[float, float]:
+    """``(max, quantile)`` of ``values`` (nearest rank); ``(nan, nan)`` when empty."""
+    if not values:
+        return math.nan, math.nan
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))
+    return ordered[-1], ordered[rank]
 
 
 def unsafe_generation_settings(generation_config: Any) -> list[str]:
@@ -136,6 +206,20 @@ class FastDecoder:
 
     path = "fast"
 
+    @property
+    def margin(self) -> float:
+        """The smallest absolute bound in use (:attr:`bounds` and :attr:`bounds_ulps` have
+        each kind's)."""
+        return min(self.bounds.values())
+
+    def _trusted(self, kind: str, margin: float, top: float) -> bool:
+        """Whether a greedy decision with this top-1/top-2 ``margin`` and top logit ``top``
+        is far enough from a tie that the reference computation makes it too."""
+        bound = self.bounds[kind]
+        if self.bounds_ulps[kind]:
+            bound = max(bound, self.bounds_ulps[kind] * ulp(top, self.loaded.dtype))
+        return margin >= bound
+
     def __init__(
         self,
         loaded: LoadedModel,
@@ -144,6 +228,8 @@ class FastDecoder:
         batch_size: int | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         margin: float | None = None,
+        calibrate: bool | None = None,
+        calibration_turns: int = CALIBRATION_TURNS,
     ) -> None:
         if batch_size is None:
             kind = str(loaded.device).split(":")[0]
@@ -154,7 +240,21 @@ class FastDecoder:
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
-        self.margin = default_margin(loaded.dtype) if margin is None else float(margin)
+        #: the bound for each kind of decision (:data:`KINDS`): ``margin`` for all of them if
+        #: given, else :func:`default_margin` until the calibration on the first batch
+        #: replaces it with :func:`calibrated_bound`
+        fixed = default_margin(loaded.dtype) if margin is None else float(margin)
+        self.bounds: dict[str, float] = dict.fromkeys(KINDS, fixed)
+        #: measured per-position maxima of |fast logit - reference logit|, by kind
+        self.disagreement: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        #: the same in ulps of each logit (see :func:`ulp`)
+        self.disagreement_ulps: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        #: relative part of the bounds (16-bit): a decision also needs a margin of at least
+        #: this many ulps of its top logit
+        self.bounds_ulps: dict[str, float] = dict.fromkeys(KINDS, 0.0)
+        self._calibrate = (margin is None) if calibrate is None else calibrate
+        self._calibrate_bounds = margin is None
+        self.calibration_turns = calibration_turns
         self.stats: Counter[str] = Counter()
         #: seconds spent building prompts, in forward passes and in ``generate``
         self.seconds: dict[str, float] = defaultdict(float)
@@ -273,6 +373,7 @@ class FastDecoder:
     def _reference_rollout(self, prompts: list[TurnPrompt], note: str) -> Rollout:
         """Exactly what :class:`~.reference.ReferenceDecoder` does, plus ``note``."""
         self.stats["reference_scenarios"] += 1
+        self.stats["reference_scenario_turns"] += len(prompts)
         self.stats["turns"] += len(prompts)
         self.stats["generated"] += len(prompts)
         started = time.perf_counter()
@@ -312,71 +413,194 @@ class FastDecoder:
         started = time.perf_counter()
         with torch.inference_mode():
             out = self.loaded.model(input_ids=ids.to(device), **kwargs)
-            # Margins and argmax in fp32, as ``generate`` upcasts its next-token logits.
-            top = out.logits.float().topk(2, dim=-1)
-            best = top.indices[..., 0].cpu()
-            margin = (top.values[..., 0] - top.values[..., 1]).cpu()
+            # Argmax and margins in fp32, as ``generate`` upcasts its next-token logits and
+            # takes ``argmax`` (so exact ties break the same way).
+            logits = out.logits.float()
+            best = logits.argmax(-1).cpu()
+            top = logits.topk(2, dim=-1).values
+            margin = (top[..., 0] - top[..., 1]).cpu()
+            top1 = top[..., 0].cpu()
         self.seconds["forward"] += time.perf_counter() - started
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         del out
-        outputs: list[list[TurnOutput | None]] = []
-        pending: list[tuple[int, int, _Turn]] = []  # (row, turn number, turn) to generate
+        outputs: list[list[TurnOutput | None]] = [[None] * len(p.turns) for p in plans]
+        if self._calibrate:
+            self._calibrate = False
+            started = time.perf_counter()
+            self._calibration(plans, logits, column, cache)
+            self.seconds["calibration"] += time.perf_counter() - started
+        del logits
+        pending: list[_Pending] = []
         for row, plan in enumerate(plans):
-            outputs.append([])
             for n, turn in enumerate(plan.turns):
                 self.stats["turns"] += 1
-                decided = self._teacher_forced(row, turn, best, margin, column)
-                if decided is None:
-                    pending.append((row, n, turn))
-                outputs[row].append(decided)
-        for (row, n, _), generated in zip(
-            pending, self._generate_many(pending, cache), strict=True
-        ):
-            outputs[row][n] = generated
+                decided = self._teacher_forced(row, turn, best, (margin, top1), column)
+                if isinstance(decided, TurnOutput):
+                    outputs[row][n] = decided
+                else:
+                    pending.append(_Pending(row, n, turn, decided))
+        for item, generated in zip(pending, self._generate_many(pending, cache), strict=True):
+            outputs[item.row][item.turn_no] = generated
         del cache
         rollouts = []
         for row, plan in enumerate(plans):
             done = tuple(o for o in outputs[row] if o is not None)
             assert len(done) == len(plan.turns)
             tail = prompt_tail(self.loaded, plan.turns[-1].prompt.ids)
-            rollouts.append(Rollout(done, self.path, tail))
+            rollouts.append(
+                Rollout(done, self.path, tail, batch=len(plans), batch_size=self.batch_size)
+            )
         return rollouts
 
     def _teacher_forced(
-        self, row: int, turn: _Turn, best: Any, margin: Any, column: dict[int, int]
-    ) -> TurnOutput | None:
-        """The turn's output if the forward pass proves greedy decoding yields the truth."""
+        self, row: int, turn: _Turn, best: Any, margin: tuple[Any, Any], column: dict[int, int]
+    ) -> TurnOutput | tuple[int, ...]:
+        """The turn's output if the forward pass proves what greedy decoding yields; else the
+        draft: the tokens greedy decoding is proven to produce first (the truth up to where
+        the model leaves it, plus the model's own token there when that decision is clear)."""
         if not turn.expected:
             self.stats["generated_no_truth"] += 1
-            return None
+            return ()
         start = len(turn.prompt.ids)
-        produced = []
+        produced: list[int] = []
         for j, want in enumerate(turn.expected):
             col = column[start - 1 + j]
             got = int(best[row, col])
-            if float(margin[row, col]) < self.margin:
+            kind = "first" if j == 0 else "step"
+            if not self._trusted(kind, float(margin[0][row, col]), float(margin[1][row, col])):
                 self.stats["generated_near_tie"] += 1
-                return None
+                return tuple(produced)
+            produced.append(got)
             last_stop = turn.ends_with_stop and j == len(turn.expected) - 1
             # Any stop id ends the turn the same way; elsewhere only the truth token will do.
             if got != want and not (last_stop and got in self._stop):
                 self.stats["generated_mismatch"] += 1
-                return None
-            produced.append(got)
+                if got in self._stop or len(produced) >= self.max_new_tokens:
+                    # The model's own token ends the turn: the forward pass decided it all.
+                    self.stats["forward_only"] += 1
+                    return dataclasses.replace(
+                        decode_new_tokens(self.loaded, produced), generated=False
+                    )
+                return tuple(produced)
         self.stats["teacher_forced"] += 1
         return dataclasses.replace(decode_new_tokens(self.loaded, produced), generated=False)
 
-    def _generate_many(self, pending: list[tuple[int, int, _Turn]], cache: Any) -> list[TurnOutput]:
-        """Greedy ``generate`` for these turns, batched, from their prefixes' cached keys/values."""
+    def _calibration(
+        self, plans: list[_Plan], logits: Any, column: dict[int, int], cache: Any
+    ) -> None:
+        """Measure how far the fast path's logits are from the reference computation's.
+
+        For up to :attr:`calibration_turns` turns of this batch (spread over its rows and
+        turns), run the reference call (``generate`` on the full prompt, as the reference
+        path does) with its logits, and compare them, position by position while it follows
+        the truth, with the teacher-forced logits (kinds ``first`` and ``step``), and with the
+        fast path's cached batched generation of the same turns (kind ``generate``). The
+        bounds become :func:`calibrated_bound` of what was measured. The turns are then
+        decoded like any other (so how a turn was decided does not depend on which turns a
+        process happened to calibrate on).
+        """
+        # Per row, turns from both ends inwards (the longest prompt first, then the shortest,
+        # ...), taking one turn from each row in turn.
+        orders = []
+        for plan in plans:
+            turns = [n for n, t in enumerate(plan.turns) if t.expected]
+            orders.append(
+                [turns[-1 - k // 2] if k % 2 == 0 else turns[k // 2] for k in range(len(turns))]
+            )
+        picked: list[tuple[int, int]] = []
+        depth = 0
+        while len(picked) < self.calibration_turns and any(depth < len(o) for o in orders):
+            for row, order in enumerate(orders):
+                if depth < len(order) and len(picked) < self.calibration_turns:
+                    picked.append((row, order[depth]))
+            depth += 1
+        references: list[tuple[list[int], Any]] = []
+        for row, n in picked:
+            turn = plans[row].turns[n]
+            new, steps = self._reference_steps(turn.prompt.ids)
+            references.append((new, steps))
+            start = len(turn.prompt.ids)
+            for j, step in enumerate(steps):
+                if j >= len(turn.expected) or new[:j] != list(turn.expected[:j]):
+                    break  # the reference left the truth: later logits are not comparable
+                self._measure(
+                    "first" if j == 0 else "step", logits[row, column[start - 1 + j]], step
+                )
+        generated = (
+            self._generate_rows(
+                [(row, plans[row].turns[n].prompt.ids, 0) for row, n in picked], cache, True
+            )
+            if picked
+            else None
+        )
+        if generated is not None:
+            for (new, steps), (fast_new, fast_steps) in zip(references, generated, strict=True):
+                for j, (a, b) in enumerate(zip(fast_steps, steps, strict=False)):
+                    if new[:j] != fast_new[:j]:
+                        break
+                    self._measure("generate", a, b)
+        self.stats["calibration_turns"] += len(picked)
+        if self._calibrate_bounds:
+            for kind in KINDS:
+                self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
+                    self.loaded.dtype, kind, self.disagreement[kind], self.disagreement_ulps[kind]
+                )
+
+    def _measure(self, kind: str, fast: Any, reference: Any) -> None:
+        """Record how far two computations of one position's logits are apart."""
+        import torch
+
+        # On the CPU: the fast path's and the reference's logits may sit on different devices.
+        fast, reference = fast.float().cpu(), reference.float().cpu()
+        delta = (fast - reference).abs()
+        self.disagreement[kind].append(float(delta.max()))
+        # In ulps as stored in the model dtype: of the logit itself, or of the top logit when
+        # that is larger (the bound is counted in ulps of the top logit; a small logit far
+        # below the top does not decide anything and must not inflate the count).
+        top = float(torch.maximum(fast.max(), reference.max()).abs())
+        magnitude = torch.maximum(fast.abs(), reference.abs()).clamp_min(max(top, 2.0**-24))
+        bits = MANTISSA_BITS.get(self.loaded.dtype, 7)
+        units = torch.exp2(torch.floor(torch.log2(magnitude)) - bits)
+        self.disagreement_ulps[kind].append(float((delta / units).max()))
+
+    def _reference_steps(self, ids: Sequence[int]) -> tuple[list[int], list[Any]]:
+        """The reference call on ``ids`` (as :func:`~.reference.generate_from`), with its
+        per-step fp32 logits."""
+        import torch
+
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.loaded.device)
+        with torch.inference_mode():
+            out = self.loaded.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                num_beams=1,
+                eos_token_id=list(self.loaded.stop_ids),
+                pad_token_id=self.loaded.pad_id,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        new = [int(t) for t in out.sequences[0, input_ids.shape[1] :]]
+        return new, [step[0].float() for step in out.logits]
+
+    def _used(self, new: Sequence[int]) -> list[int]:
+        """Generated tokens up to and including the first stop id."""
+        used = next((k + 1 for k, t in enumerate(new) if t in self._stop), len(new))
+        return list(new[:used])
+
+    def _generate_many(self, pending: list[_Pending], cache: Any) -> list[TurnOutput]:
+        """Greedy ``generate`` for these turns, batched, continuing each from its draft with
+        the cached keys/values of its prompt and draft (cut out of the forward pass)."""
         self.stats["generated"] += len(pending)
+        self.stats["draft_tokens"] += sum(len(p.draft) for p in pending)
         started = time.perf_counter()
         results: dict[int, TurnOutput] = {}
-        # Longest prompt first, in chunks bounded like the forward batches (rows x width).
-        order = sorted(range(len(pending)), key=lambda i: -len(pending[i][2].prompt.ids))
+        order = sorted(range(len(pending)), key=lambda i: -pending[i].length)
         chunks: list[list[int]] = []
         for i in order:
             chunk = chunks[-1] if chunks else []
-            width = len(pending[chunk[0]][2].prompt.ids) if chunk else 0
+            width = pending[chunk[0]].length if chunk else 0
             # A generate step feeds one token per row: rows are cheap, calls are not.
             rows_cap = GENERATE_ROWS_FACTOR * self.batch_size
             if (
@@ -388,36 +612,66 @@ class FastDecoder:
             else:
                 chunks.append([i])
         for chunk in chunks:
-            rows = [(pending[k][0], pending[k][2]) for k in chunk]
-            for k, out in zip(chunk, self._generate_chunk(rows, cache), strict=True):
-                results[k] = out
+            outs = self._generate_chunk([pending[k] for k in chunk], cache)
+            results.update(zip(chunk, outs, strict=True))
         self.seconds["generate"] += time.perf_counter() - started
         return [results[k] for k in range(len(pending))]
 
-    def _generate_chunk(self, rows: list[tuple[int, _Turn]], cache: Any) -> list[TurnOutput]:
+    def _generate_chunk(self, rows: list[_Pending], cache: Any) -> list[TurnOutput]:
+        generated = self._generate_rows(
+            [(p.row, [*p.turn.prompt.ids, *p.draft], len(p.draft)) for p in rows], cache, False
+        )
+        if generated is None:
+            self.stats["generated_without_cache"] += len(rows)
+            return [
+                generate_from(self.loaded, p.turn.prompt.ids, self.max_new_tokens) for p in rows
+            ]
+        results = []
+        for p, (new, steps) in zip(rows, generated, strict=True):
+            # Only this row's budget counts (rows continue from drafts of different lengths),
+            # and only the steps that decided its output: up to and including its first stop.
+            used = self._used(new[: self.max_new_tokens - len(p.draft)])
+            if not all(
+                self._trusted("generate", float(m[0]), float(m[1])) for m in steps[: len(used)]
+            ):
+                # A near tie in a batched, cached computation: the reference call decides it.
+                self.stats["generated_reference_rerun"] += 1
+                results.append(generate_from(self.loaded, p.turn.prompt.ids, self.max_new_tokens))
+            else:
+                results.append(decode_new_tokens(self.loaded, [*p.draft, *used]))
+        return results
+
+    def _generate_rows(
+        self, rows: list[tuple[int, Sequence[int], int]], cache: Any, full_logits: bool
+    ) -> list[tuple[list[int], list[Any]]] | None:
+        """One batched greedy ``generate``: for each ``(row, ids, drafted)``, continue ``ids``
+        (a prompt plus ``drafted`` tokens already decided) with the cache of ``row``'s first
+        ``len(ids) - 1`` positions; only the last token and the new ones are computed.
+
+        Returns per row the new tokens and, per step, the fp32 logits (``full_logits``) or
+        the top-1/top-2 margin; ``None`` when the cache cannot be cut (see
+        :func:`_left_padded_cache`).
+        """
         import torch
 
-        prompts = [turn.prompt.ids for _, turn in rows]
-        prefix = _left_padded_cache(
-            cache, [(row, len(ids) - 1) for (row, _), ids in zip(rows, prompts, strict=True)]
-        )
+        prefix = _left_padded_cache(cache, [(row, len(ids) - 1) for row, ids, _ in rows])
         if prefix is None:
-            self.stats["generated_without_cache"] += len(rows)
-            return [generate_from(self.loaded, ids, self.max_new_tokens) for ids in prompts]
-        width = max(len(ids) for ids in prompts)
-        # Left padding, as for any batched ``generate``: every prompt ends at the same column, the
+            return None
+        width = max(len(ids) for _, ids, _ in rows)
+        # Left padding, as for any batched ``generate``: every input ends at the same column, the
         # mask hides the padding and ``generate`` derives each row's positions from the mask.
         input_ids = torch.full((len(rows), width), self.loaded.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, ids in enumerate(prompts):
-            input_ids[r, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        for r, (_, ids, _) in enumerate(rows):
+            input_ids[r, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
             mask[r, width - len(ids) :] = 1
         device = self.loaded.device
+        budget = self.max_new_tokens - min(drafted for _, _, drafted in rows)
         with torch.inference_mode():
             out = self.loaded.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=mask.to(device),
-                max_new_tokens=self.max_new_tokens,
+                max_new_tokens=budget,
                 do_sample=False,
                 num_beams=1,
                 eos_token_id=list(self.loaded.stop_ids),
@@ -427,21 +681,28 @@ class FastDecoder:
                 **{self._cache_kw: prefix},
             )
             steps = torch.stack([step.float() for step in out.logits], dim=1)  # rows x steps x V
-            top = steps.topk(2, dim=-1).values
-            margins = (top[..., 0] - top[..., 1]).cpu()
-        sequences = out.sequences[:, width:].cpu()
-        results = []
-        for r, ids in enumerate(prompts):
-            new = [int(t) for t in sequences[r]]
-            # The steps that decided this row's output: up to and including its first stop.
-            used = next((k + 1 for k, t in enumerate(new) if t in self._stop), len(new))
-            if bool((margins[r, :used] < self.margin).any()):
-                # A near tie in a batched, cached computation: the reference call decides it.
-                self.stats["generated_reference_rerun"] += 1
-                results.append(generate_from(self.loaded, ids, self.max_new_tokens))
+            if full_logits:
+                per_row: Any = steps.cpu()
             else:
-                results.append(decode_new_tokens(self.loaded, new))
-        return results
+                top = steps.topk(2, dim=-1).values
+                # (margin, top logit) per step
+                per_row = torch.stack([top[..., 0] - top[..., 1], top[..., 0]], dim=-1).cpu()
+        sequences = out.sequences[:, width:].cpu()
+        return [([int(t) for t in sequences[r]], list(per_row[r])) for r in range(len(rows))]
+
+
+@dataclass
+class _Pending:
+    """A turn the forward pass did not settle: generate it, continuing from ``draft``."""
+
+    row: int
+    turn_no: int
+    turn: _Turn
+    draft: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.turn.prompt.ids) + len(self.draft)
 
 
 def _left_padded_cache(cache: Any, rows: list[tuple[int, int]]) -> Any:
