@@ -159,6 +159,16 @@ def test_shard_script_exit_status(
     assert "--memeval-resume" not in call
 
 
+def unfinished(run_dir: Path, stamp: str = "20261201T160000Z", done: int = 0) -> Path:
+    """An unfinished run as the controller leaves it (runlayout.py): a journal, with a header
+    and ``done`` records, in ``subsets/<UTC start time>/``, no metrics."""
+    stage = run_dir / "subsets" / stamp
+    stage.mkdir(parents=True)
+    lines = ['{"memeval_journal": 1}'] + [json.dumps({"id": IDS[i]}) for i in range(done)]
+    (stage / "journal.jsonl").write_text("".join(line + "\n" for line in lines))
+    return stage
+
+
 def test_shard_script_resumes_when_resubmitted(tmp_path: Path) -> None:
     stub = tmp_path / "python"
     stub.write_text(STUB.format(python=sys.executable))
@@ -170,16 +180,33 @@ def test_shard_script_resumes_when_resubmitted(tmp_path: Path) -> None:
     def calls(*args: str, **extra: str) -> str:
         log = tmp_path / f"calls{len(list(tmp_path.glob('calls*')))}"
         env.update(extra, STUB_LOG=str(log))
-        subprocess.run(["bash", str(tmp_path / "script"), *args], env=env, capture_output=True)
-        return log.read_text()
+        done = subprocess.run(
+            ["bash", str(tmp_path / "script"), *args], env=env, capture_output=True, text=True
+        )
+        return done.stdout + log.read_text()
 
     assert "--memeval-resume" not in calls("resume")  # no journal yet: a fresh run
-    journal = p.shard_dir(3) / "journal.jsonl"
-    journal.parent.mkdir(parents=True)
-    journal.write_text('{"memeval_journal": 1}\n')
-    assert "--memeval-resume" not in calls()  # submit: fresh (the old journal is moved aside)
-    assert "--memeval-resume" in calls("resume")  # resubmit
+    shard = p.shard_dir(3)
+    stage = unfinished(shard, done=1)  # killed after one scenario
+    assert "--memeval-resume" not in calls()  # submit: a fresh run (in a new subsets/ dir)
+    resumed = calls("resume")  # resubmit
+    assert "--memeval-resume" in resumed
+    assert f"resuming the unfinished shard run in {stage}" in resumed
     assert "--memeval-resume" in calls(SLURM_RESTART_COUNT="1")  # requeued by Slurm
+    # The shard finished since (promoted to the top level, created after that subsets run
+    # started): nothing is left to continue, the resubmitted task starts afresh.
+    write_shard(shard / "top", IDS, 3, 3)
+    for name in ("metrics.json", "predictions.jsonl"):
+        (shard / "top" / name).rename(shard / name)
+    metrics = json.loads((shard / "metrics.json").read_text())
+    (shard / "metrics.json").write_text(
+        json.dumps({**metrics, "created": "2026-12-01T16:30:00+00:00"})
+    )
+    assert "--memeval-resume" not in calls("resume")
+    # ... and rerun again, killed again: that newer unfinished run is continued.
+    newer = unfinished(shard, "20261201T170000Z", done=1)
+    resumed = calls("resume")
+    assert "--memeval-resume" in resumed and f"unfinished shard run in {newer}" in resumed
 
 
 # -- a task's verdict -----------------------------------------------------------------------
@@ -200,10 +227,18 @@ def test_check_shard(tmp_path: Path) -> None:
     code, line = check_shard(tmp_path / "nothing", 3, 3, 1)
     assert code == INCOMPLETE_EXIT and "no run directory" in line
     crashed = tmp_path / "s3"
-    crashed.mkdir()
-    (crashed / "journal.jsonl").write_text('{"memeval_journal": 1}\n')
+    unfinished(crashed, done=1)
     code, line = check_shard(crashed, 3, 3, 1)
     assert code == INCOMPLETE_EXIT and "no metrics.json" in line and "--memeval-resume" in line
+    # A finished run at the top, and a newer run of the shard that did not finish (killed,
+    # or stopped with scenarios missing): the top is an earlier run, not this task's.
+    newer = unfinished(shard, done=1)
+    code, line = check_shard(shard, 2, 3, 1)
+    assert code == INCOMPLETE_EXIT and f"a newer run of this shard did not finish ({newer}" in line
+    code, line = check_shard(shard, 2, 3, 137)
+    assert code == 137
+    (newer / "journal.jsonl").unlink()
+    newer.rmdir()
     metrics = json.loads((shard / "metrics.json").read_text())
     metrics["missing"] = [IDS[3]]
     (shard / "metrics.json").write_text(json.dumps(metrics))
@@ -255,9 +290,7 @@ def test_shard_states(tmp_path: Path) -> None:
     log = p.shard_log(2, "7")
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"line {i}\n" for i in range(20)) + "memeval: shard 2/3 FAILED\n")
-    journal = p.shard_dir(2) / "journal.jsonl"
-    journal.parent.mkdir()
-    journal.write_text('{"memeval_journal": 1}\n{"id": "s03"}\n')
+    unfinished(p.shard_dir(2), done=1)
     jobs = [{"kind": "shards", "job_id": "7", "tasks": [1, 2, 3]}, {"kind": "merge"}]
     asked: list[str] = []
 
