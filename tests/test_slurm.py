@@ -510,3 +510,123 @@ def test_resubmit_only_the_failed_shard_while_another_still_runs(
         ("merge", "22"),
     ]
     assert "resubmitted shard(s) 2/3 as array job 21" in capsys.readouterr().out
+
+
+# -- what the new run-directory layout means for Slurm ------------------------------------------
+
+
+def test_unfinished_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The script's question: which unfinished run would --memeval-resume continue?"""
+    shard = tmp_path / "shard-1-of-3"
+    assert main(["slurm", "unfinished", str(shard)]) == 1  # nothing there
+    write_shard(shard, IDS, 1, 3)
+    assert main(["slurm", "unfinished", str(shard)]) == 1  # only a finished run
+    stage = unfinished(shard)
+    capsys.readouterr()
+    assert main(["slurm", "unfinished", str(shard)]) == 0
+    assert capsys.readouterr().out.strip() == str(stage)
+    (shard / "metrics.json").write_text("{damaged")  # not a finished run; the journal counts
+    assert main(["slurm", "unfinished", str(shard)]) == 0
+    assert capsys.readouterr().out.strip() == str(stage)
+
+
+def test_status_of_a_shard_rerun_after_an_earlier_finished_run(tmp_path: Path) -> None:
+    """A shard directory holds a finished run of an earlier submission; this submission's
+    task ran it again and failed. That is a failed shard, whether or not its run journaled
+    anything (killed at model load: nothing in subsets/)."""
+    p = plan(tmp_path)
+    for k in (1, 2, 3):
+        write_shard(p.shard_dir(k), IDS, k, 3)
+    jobs = [{"kind": "shards", "job_id": "7", "tasks": [1, 2, 3]}]
+    failed1 = FAILED_TASK.replace("ArrayTaskId=2", "ArrayTaskId=1")
+    running3 = RUNNING_TASK.replace("ArrayTaskId=1", "ArrayTaskId=3")
+    unfinished(p.shard_dir(1), done=1)
+    unfinished(p.shard_dir(3), done=2)
+    states = shard_states(
+        p, jobs, lambda _: parse_scontrol(f"{failed1}\n{FAILED_TASK}\n{running3}")
+    )
+    assert [s.run for s in states] == ["failed", "failed", "running"]
+    assert "a newer run of this shard did not finish" in states[0].detail
+    assert states[1].detail == (
+        "the task failed; the finished shard run in the directory is an earlier one"
+    )
+    # The running task's count is its own journal's, not the earlier finished run's.
+    assert states[2].detail == "2 scenario(s) in its journal"
+    assert [s.needs_resubmit for s in states] == [True, True, False]
+
+
+def test_submit_refuses_an_out_dir_with_an_unfinished_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(project(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    stage = unfinished(tmp_path / "results" / "demo", done=1)  # an unsharded run, killed
+    assert main(["slurm", "submit", "--ckpt", "demo", "--shards", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"holds an unfinished run ({stage})" in err and "choose another --out" in err
+
+
+def slurm_holder(host: str, job: str, task: str, restart: str) -> dict[str, Any]:
+    """A lock holder as RunLock writes it inside Slurm task ``task`` of array ``job``."""
+    return {
+        "pid": 4242,
+        "host": host,
+        "started": "2026-12-01T16:00:00+00:00",
+        "proc_start": "99",
+        "argv": ["pytest", "--memeval-shard=2/3"],
+        "writes": None,
+        "slurm": {
+            "job_id": str(int(job) + int(task)),
+            "array_job_id": job,
+            "array_task_id": task,
+            "restart_count": restart,
+            "cluster": "gpu",
+        },
+    }
+
+
+def test_lock_of_a_requeued_task_is_taken_over_on_another_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm requeued task 7_2 (node failure, preemption) onto another node: the lock of its
+    first incarnation names a host nobody can check, but the same job and task with a lower
+    restart count is over; anything else stays refused."""
+    from pytest_memeval.runlock import LOCK_NAME, LockHeld, RunLock, describe_holder
+
+    run_dir = tmp_path / "shard-2-of-3"
+    run_dir.mkdir()
+    env = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_ARRAY_JOB_ID": "7",
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_RESTART_COUNT": "1",
+        "SLURM_CLUSTER_NAME": "gpu",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    first = slurm_holder("node01", "7", "2", "0")
+    for other, named in (
+        (slurm_holder("node01", "7", "2", "1"), " in Slurm job 7_2 (restart 1)"),  # not requeued
+        (slurm_holder("node01", "7", "3", "0"), " in Slurm job 7_3 (restart 0)"),  # another task
+        ({**first, "slurm": {**first["slurm"], "cluster": "cpu"}}, " in Slurm job 7_2 (restart 0)"),
+        ({k: v for k, v in first.items() if k != "slurm"}, ""),  # not a Slurm job
+    ):
+        (run_dir / LOCK_NAME).write_text(json.dumps(other))
+        with pytest.raises(LockHeld) as refused:
+            RunLock.acquire(run_dir)
+        assert f"pid 4242 on host node01{named} since" in str(refused.value)
+        assert "cannot be checked from" in str(refused.value)
+    (run_dir / LOCK_NAME).write_text(json.dumps(first))
+    lock = RunLock.acquire(run_dir)
+    assert lock.took_over == first  # the controller prints this, naming the job
+    assert "pid 4242 on host node01 in Slurm job 7_2 (restart 0) since" in describe_holder(first)
+    mine = json.loads((run_dir / LOCK_NAME).read_text())
+    assert mine["slurm"] == {
+        "job_id": "9",
+        "array_job_id": "7",
+        "array_task_id": "2",
+        "restart_count": "1",
+        "cluster": "gpu",
+    }
+    lock.release()
+    assert not (run_dir / LOCK_NAME).exists()
