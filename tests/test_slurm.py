@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -630,3 +631,79 @@ def test_lock_of_a_requeued_task_is_taken_over_on_another_node(
     }
     lock.release()
     assert not (run_dir / LOCK_NAME).exists()
+
+
+def test_resubmit_clears_the_lock_of_a_task_killed_on_a_lost_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Task 7_2 was killed on node02 (node failure): its lock names node02, where no pid can
+    be checked from here, but Slurm says the job is FAILED: resubmit clears it (and says
+    so), so the task may run on any node. A lock whose job still runs refuses the resubmit."""
+    from pytest_memeval.runlock import LOCK_NAME
+    from pytest_memeval.slurm import SUBMISSION, cli_main
+
+    p = plan(tmp_path)
+    for k in (1, 3):
+        write_shard(p.shard_dir(k), IDS, k, 3)
+    unfinished(p.shard_dir(2), done=1)
+    lock = p.shard_dir(2) / LOCK_NAME
+    held = slurm_holder("node02", "7", "2", "0")
+    held["slurm"]["job_id"] = "9"  # FAILED_TASK's JobId
+    lock.write_text(json.dumps(held))
+    p.slurm_dir.mkdir(parents=True)
+    jobs = [
+        {"kind": "shards", "job_id": "7", "tasks": [1, 2, 3]},
+        {"kind": "merge", "job_id": "10"},
+    ]
+    (p.slurm_dir / SUBMISSION).write_text(json.dumps({"plan": p.as_dict(), "jobs": jobs}))
+    ok1 = RUNNING_TASK.replace("RUNNING", "COMPLETED")
+    ok3 = ok1.replace("ArrayTaskId=1", "ArrayTaskId=3").replace("JobId=8", "JobId=11")
+    # `scontrol show job 9` (the holder's job) answers with task 7_2's own record.
+    lines = {"7": f"{ok1}\n{FAILED_TASK}\n{ok3}", "9": FAILED_TASK, "10": CANCELLED_MERGE}
+    args = argparse.Namespace(slurm_command="resubmit", out=p.out, wait=False, poll=1.0)
+
+    # Slurm still runs the holder's job (say, an earlier task stuck in completing): refused,
+    # nothing submitted, the lock left alone.
+    fake = RecordingSlurm(
+        {**lines, "9": FAILED_TASK.replace("JobState=FAILED", "JobState=RUNNING")}
+    )
+    assert cli_main(args, fake) == 2  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert f"{p.shard_dir(2)} is in use by pid 4242 on host node02 in Slurm job 7_2" in err
+    assert "Slurm job 7_2 is RUNNING; wait for it or scancel it" in err
+    assert fake.submitted == [] and lock.exists()
+
+    fake = RecordingSlurm(lines)
+    assert cli_main(args, fake) == 0  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert f"removed the stale lock {lock} of pid 4242 on host node02 in Slurm job 7_2" in out
+    assert out.count("removed the stale lock") == 1
+    assert "Slurm job 7_2 is FAILED" in out
+    assert not lock.exists()
+    assert fake.submitted[0] == ["--array=2", str(p.slurm_dir / "shards.sbatch"), "resume"]
+
+
+def test_stale_lock_verdicts() -> None:
+    """Slurm's word on a lock from another host; a job it forgot counts as ended only when
+    it is one of this submission's jobs."""
+    from pytest_memeval.slurm import stale_lock
+
+    held = slurm_holder("node02", "7", "2", "0")
+    held["slurm"]["job_id"] = "9"
+    assert stale_lock(held, lambda _: parse_scontrol(FAILED_TASK)) == (
+        True,
+        "Slurm job 7_2 is FAILED",
+    )
+    assert stale_lock(held, lambda _: [], ours=["7", "10"]) == (
+        True,
+        "Slurm job 7_2 has ended (Slurm no longer knows it)",
+    )
+    assert stale_lock(held, lambda _: []) == (None, "Slurm does not know job 7_2")
+    pending = PENDING_ARRAY.replace("JobId=7 ", "JobId=9 ")
+    assert stale_lock(held, lambda _: parse_scontrol(pending))[0] is False
+    plain = {k: v for k, v in held.items() if k != "slurm"}
+    stale, why = stale_lock(plain, lambda _: [])
+    assert stale is None and "not taken in a Slurm job" in why
+    here = {**plain, "host": socket.gethostname(), "pid": os.getpid()}
+    here.pop("proc_start")
+    assert stale_lock(here, lambda _: []) == (False, "its process is still running")
