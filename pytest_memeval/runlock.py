@@ -16,7 +16,11 @@ holds a lock on the run directory from configure to unconfigure:
   ``memeval.lock.takeover`` directory (``mkdir`` is atomic), so two runs that find the same
   stale lock cannot both take it;
 * a lock from another host cannot be checked from here: the refusal says to delete the file
-  once that run is known to be gone.
+  once that run is known to be gone. Inside a Slurm job the lock also records the job
+  (``SLURM_JOB_ID``, the array job and task, ``SLURM_RESTART_COUNT``): a task that Slurm
+  requeued (possibly onto another node) finds the lock of its own earlier incarnation (same
+  job and task, lower restart count), which is stale, and takes it over. ``memeval slurm
+  resubmit`` clears the lock of a job that Slurm reports ended (slurm.py).
 """
 
 from __future__ import annotations
@@ -30,11 +34,21 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCK_NAME", "LockHeld", "RunLock", "describe_holder", "read_holder"]
+__all__ = [
+    "LOCK_NAME",
+    "LockHeld",
+    "RunLock",
+    "describe_holder",
+    "holder_alive",
+    "read_holder",
+    "slurm_job",
+    "slurm_job_name",
+]
 
 LOCK_NAME = "memeval.lock"
 _TAKEOVER_SUFFIX = ".takeover"
@@ -58,8 +72,52 @@ def _proc_start(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+def slurm_job(environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The Slurm job this process runs in (from its environment), ``None`` outside Slurm."""
+    env = os.environ if environ is None else environ
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    return {
+        key: env.get(var, "")
+        for key, var in (
+            ("job_id", "SLURM_JOB_ID"),
+            ("array_job_id", "SLURM_ARRAY_JOB_ID"),
+            ("array_task_id", "SLURM_ARRAY_TASK_ID"),
+            ("restart_count", "SLURM_RESTART_COUNT"),
+            ("cluster", "SLURM_CLUSTER_NAME"),
+        )
+    }
+
+
+def _restarts(job: Mapping[str, Any]) -> int:
+    try:
+        return int(job.get("restart_count") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _requeued_from(holder: dict[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a later incarnation of the holder's Slurm job (requeued)."""
+    theirs, mine = holder.get("slurm"), slurm_job(environ)
+    if not isinstance(theirs, dict) or mine is None:
+        return False
+    same = all(
+        str(theirs.get(key) or "") == mine[key]
+        for key in ("job_id", "array_job_id", "array_task_id", "cluster")
+    )
+    # Slurm keeps the job id when it requeues a job and counts up SLURM_RESTART_COUNT: the
+    # earlier incarnation is over (Slurm ended it before starting this one).
+    return same and _restarts(theirs) < _restarts(mine)
+
+
+def holder_alive(holder: dict[str, Any]) -> bool | None:
+    """Whether the lock holder still runs: ``None`` when this host cannot tell."""
+    return _alive(holder)
+
+
 def _alive(holder: dict[str, Any]) -> bool | None:
-    """Whether the holder process still runs: ``None`` when this host cannot tell."""
+    if _requeued_from(holder):
+        return False
     if holder.get("host") != socket.gethostname():
         return None
     pid = holder.get("pid")
@@ -95,15 +153,29 @@ def read_holder(path: Path) -> dict[str, Any] | None:
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
-    """``pid 123 on host h since 2026-12-01T15:30:12+00:00 (pytest -n 2 --ckpt x)``."""
+    """``pid 123 on host h [in Slurm job 7_2 (restart 0)] since 2026-12-01T15:30:12+00:00
+    (pytest -n 2 --ckpt x)``."""
     if not holder:
         return "an unreadable lock (not written by pytest-memeval, or damaged)"
     argv = holder.get("argv")
     cmd = f" ({' '.join(str(a) for a in argv)[:200]})" if isinstance(argv, list) and argv else ""
+    job = holder.get("slurm")
+    in_job = (
+        f" in Slurm job {slurm_job_name(job)} (restart {_restarts(job)})"
+        if isinstance(job, dict)
+        else ""
+    )
     return (
-        f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} "
+        f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}{in_job} "
         f"since {holder.get('started', '?')}{cmd}"
     )
+
+
+def slurm_job_name(job: Mapping[str, Any]) -> str:
+    """``7_2`` for task 2 of array job 7, else the job id (as ``squeue`` shows them)."""
+    if job.get("array_job_id") and job.get("array_task_id"):
+        return f"{job['array_job_id']}_{job['array_task_id']}"
+    return str(job.get("job_id") or "?")
 
 
 @dataclass
@@ -128,7 +200,7 @@ class RunLock:
         created_dir = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / LOCK_NAME
-        holder = {
+        holder: dict[str, Any] = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -136,6 +208,9 @@ class RunLock:
             "argv": list(sys.argv),
             "writes": str(writes) if writes is not None else None,
         }
+        job = slurm_job()
+        if job is not None:
+            holder["slurm"] = job
         took_over: dict[str, Any] | None = None
         for _ in range(3):
             if _create(path, holder):

@@ -39,6 +39,8 @@ from typing import Any
 
 from .profiles import ProfileError, memeval_table, resolve_profile
 from .rundir import JOURNAL, JOURNAL_HEADER_KEY, METRICS, read_json, write_json
+from .runlayout import SUBSETS, resume_target, top_level_run
+from .runlock import LOCK_NAME, describe_holder, holder_alive, read_holder, slurm_job_name
 from .sharding import shard_dir_name
 
 if sys.version_info >= (3, 11):
@@ -63,6 +65,8 @@ __all__ = [
     "parse_scontrol",
     "shard_script",
     "shard_states",
+    "stale_lock",
+    "unfinished_run",
 ]
 
 SLURM_DIR = "slurm"
@@ -260,11 +264,13 @@ OUT={q(str(plan.out))}
 PYTHON={q(plan.python)}
 SHARD_DIR="$OUT/shard-$K-of-$N"
 RESUME=
-# `memeval slurm resubmit` passes "resume", and a requeued task (Restarts > 0) resumes too:
-# the shard's journal holds what was already evaluated.
+# `memeval slurm resubmit` passes "resume", and a requeued task (Restarts > 0) resumes too,
+# when the shard has an unfinished run (its journal, in $SHARD_DIR/{SUBSETS}/<time>/) newer
+# than its finished one: pytest --memeval-resume continues that run.
 if {{ [ "${{1:-}}" = resume ] || [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; }} \\
-        && [ -s "$SHARD_DIR/{JOURNAL}" ]; then
+        && UNFINISHED=$("$PYTHON" -m pytest_memeval.cli slurm unfinished "$SHARD_DIR"); then
     RESUME=--memeval-resume
+    echo "memeval: resuming the unfinished shard run in $UNFINISHED"
 fi
 echo "memeval: shard $K/$N on $(hostname) (job ${{SLURM_ARRAY_JOB_ID}}_$K)" \\
     "CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES-unset}} $RESUME"
@@ -326,6 +332,14 @@ def check_shard(shard_dir: Path, k: int, n: int, pytest_exit: int) -> tuple[int,
     spec = f"{k}/{n}"
     problems: list[str] = []
     run = load_shard(shard_dir, problems) if shard_dir.is_dir() else None
+    newer = unfinished_run(shard_dir) if run is not None else None
+    if newer is not None:
+        # The finished run at the top is an earlier one: this shard was run again since and
+        # did not finish (its journal is in subsets/<time>/).
+        problems.append(
+            f"{shard_dir}: a newer run of this shard did not finish ({newer}; continue it "
+            "with --memeval-resume); the finished run at the top is an earlier one"
+        )
     if run is not None and str(run.shard.get("spec")) != spec:
         problems.append(f"{shard_dir}: holds shard {run.shard.get('spec')}, not {spec}")
     if pytest_exit not in (0, 1):
@@ -340,6 +354,24 @@ def check_shard(shard_dir: Path, k: int, n: int, pytest_exit: int) -> tuple[int,
         return INCOMPLETE_EXIT, f"memeval: shard {spec} FAILED: incomplete shard run: {detail}"
     failed = "" if pytest_exit == 0 else " (pytest exit 1: wrong answers are results)"
     return 0, f"memeval: shard {spec} finished: {len(run.ids)} scenario(s){failed}"
+
+
+def unfinished_run(run_dir: Path) -> Path | None:
+    """The unfinished run of ``run_dir`` that ``--memeval-resume`` would continue, or ``None``.
+
+    That is :func:`runlayout.resume_target` unless it is the finished top-level run itself
+    (nothing to continue): the newest ``subsets/<time>/`` with a journal newer than the
+    finished run, or an older version's unfinished journal at the top.
+    """
+    try:
+        target = resume_target(run_dir)
+    except (OSError, ValueError):
+        # A damaged top-level metrics.json: not a finished run; any subsets journal counts.
+        journals = sorted((run_dir / SUBSETS).glob(f"*/{JOURNAL}"), key=lambda p: p.parent.name)
+        return journals[-1].parent if journals else None
+    if target is None or (target == run_dir and top_level_run(run_dir) is not None):
+        return None
+    return target
 
 
 # -- reading Slurm's answers (pure) ------------------------------------------------------------
@@ -490,8 +522,20 @@ def shard_states(
         if info is not None and info.state in ("PENDING", "REQUEUED", "CONFIGURING"):
             state.run = "pending"
         elif info is not None and not info.final:
-            done = _journal_count(plan.shard_dir(k) / JOURNAL)
+            # Its run journals into subsets/<time>/ until it is finished (runlayout.py).
+            unfinished = unfinished_run(plan.shard_dir(k))
+            done = _journal_count(unfinished / JOURNAL) if unfinished is not None else 0
             state.run, state.detail = "running", f"{done} scenario(s) in its journal"
+        elif info is not None and info.state != "COMPLETED":
+            # The task failed: whatever finished run the directory holds is an earlier one
+            # (a task succeeds exactly when check-shard found its run finished).
+            state.run = "failed"
+            state.detail = (
+                verdict.split(" FAILED: ", 1)[-1]
+                if code
+                else ("the task failed; the finished shard run in the directory is an earlier one")
+            )
+            state.log_tail = _tail(log)
         elif code == 0:
             state.run, state.detail = "done", verdict.split(": ", 1)[1]
         elif latest is None:
@@ -508,6 +552,77 @@ def shard_states(
             state.log_tail = _tail(log)
         states.append(state)
     return states
+
+
+# -- locks left by killed jobs ----------------------------------------------------------------
+
+
+def stale_lock(
+    holder: Mapping[str, Any],
+    show_job: Callable[[str], list[dict[str, str]]],
+    ours: Iterable[str] = (),
+) -> tuple[bool | None, str]:
+    """Whether the run that holds a ``memeval.lock`` is over, and why: ``(True, why)`` stale,
+    ``(False, why)`` still running, ``(None, why)`` cannot tell.
+
+    A task killed by a node failure, its time limit or ``scancel`` leaves its lock behind,
+    naming a compute node where nothing can check its pid. The lock also names its Slurm job
+    (runlock.py), so Slurm can say: a job in a final state will not write again. A job that
+    Slurm no longer knows has ended too (Slurm forgets only ended jobs), which is trusted only
+    for one of this submission's own jobs (``ours``: array and merge job ids), so that a job
+    id of another cluster is never mistaken for ours.
+    """
+    alive = holder_alive(dict(holder))
+    if alive is not None:
+        return (not alive), ("its process is still running" if alive else "its process is gone")
+    job = holder.get("slurm")
+    if not isinstance(job, dict) or not job.get("job_id"):
+        return (
+            None,
+            f"it was not taken in a Slurm job and host {holder.get('host')} is not this one",
+        )
+    name = slurm_job_name(job)
+    records = [r for r in show_job(str(job["job_id"])) if r.get("JobId") == str(job["job_id"])]
+    if not records:
+        if str(job.get("array_job_id") or job["job_id"]) in set(ours):
+            return True, f"Slurm job {name} has ended (Slurm no longer knows it)"
+        return None, f"Slurm does not know job {name}"
+    info = JobInfo.from_record(name, records[0])
+    if info.final:
+        return True, f"Slurm job {name} is {info.state}"
+    return False, f"Slurm job {name} is {info.state}"
+
+
+def clear_stale_locks(
+    dirs: Iterable[Path], runner: SlurmRunner, ours: Iterable[str] = ()
+) -> list[str]:
+    """Remove the locks of ended runs from ``dirs`` before new jobs write there; returns a
+    line per removed lock (the decision, printed). A lock whose run still runs, or that
+    cannot be checked, refuses the submission (its tasks would be refused on the node)."""
+    removed = []
+    ours = list(ours)
+    for run_dir in dirs:
+        path = run_dir / LOCK_NAME
+        holder = read_holder(path)
+        if holder is None:
+            continue
+        stale, why = stale_lock(holder, runner.show_job, ours) if holder else (None, "")
+        who = describe_holder(holder)
+        if stale is False:
+            raise SlurmError(
+                f"{run_dir} is in use by {who}: {why}; wait for it or scancel it, then run this "
+                "again"
+            )
+        if stale is None:
+            raise SlurmError(
+                f"{run_dir} is locked by {who}, which cannot be checked from here"
+                f"{': ' + why if why else ''}; if that run is gone, delete {path} and run "
+                "this again"
+            )
+        if read_holder(path) == holder:  # only the very lock judged stale
+            path.unlink(missing_ok=True)
+        removed.append(f"memeval slurm: removed the stale lock {path} of {who}: {why}")
+    return removed
 
 
 # -- talking to Slurm ---------------------------------------------------------------------
@@ -598,6 +713,11 @@ def _submit_jobs(
     _save(plan, jobs)
 
 
+def _job_ids(data: Mapping[str, Any]) -> list[str]:
+    """Every job id a submission record holds (array and merge jobs)."""
+    return [str(job["job_id"]) for job in data.get("jobs", []) if job.get("job_id")]
+
+
 def _write_scripts(plan: Plan) -> None:
     (plan.slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     for name, text in ((SHARDS_SCRIPT, shard_script(plan)), (MERGE_SCRIPT, merge_script(plan))):
@@ -675,8 +795,12 @@ def _refuse_busy_out(out: Path, runner: SlurmRunner | None) -> None:
                 f"{out}: holds a run that is not a merge (metrics.json); the merge job would "
                 "refuse to overwrite it: choose another --out"
             )
-    elif (out / JOURNAL).is_file():
-        raise SlurmError(f"{out}: holds the journal of an unfinished run; choose another --out")
+    unfinished = unfinished_run(out) if out.is_dir() else None
+    if unfinished is not None:
+        raise SlurmError(
+            f"{out}: holds an unfinished run ({unfinished}); the merge job would refuse to mix "
+            "into it: choose another --out"
+        )
     if runner is None or not (out / SLURM_DIR / SUBMISSION).is_file():
         return
     data = _read_submission(out)
@@ -706,6 +830,10 @@ def submit(args: argparse.Namespace, runner: SlurmRunner) -> int:
         )
         return 0
     _refuse_busy_out(plan.out, runner)
+    earlier = _read_submission(plan.out) if (plan.slurm_dir / SUBMISSION).is_file() else {}
+    dirs = [plan.out, *(plan.shard_dir(k) for k in range(1, plan.shards + 1))]
+    for line in clear_stale_locks(dirs, runner, _job_ids(earlier)):
+        print(line)
     _write_scripts(plan)
     jobs: list[dict[str, Any]] = []
     _submit_jobs(plan, runner, jobs, range(1, plan.shards + 1), resume=False)
@@ -826,6 +954,11 @@ def resubmit(out: Path, runner: SlurmRunner, *, wait_after: bool, poll: float) -
         return wait(plan.out, runner, poll=poll) if wait_after else 0
     if info is not None and not info.final:
         runner.cancel(merge_job)  # it waits on a failed shard: Slurm would cancel it anyway
+    # A killed task's (or merge job's) lock names a node where nothing can check it: clear
+    # those of ended jobs, or the new tasks would be refused there.
+    dirs = [plan.out, *(plan.shard_dir(k) for k in again)]
+    for line in clear_stale_locks(dirs, runner, _job_ids(data)):
+        print(line)
     _write_scripts(plan)  # the current scripts, as submit wrote them
     # Shards still pending or running keep their jobs; the new merge waits for them too (a
     # finished shard whose task is still checking its run included).
@@ -848,7 +981,8 @@ def resubmit(out: Path, runner: SlurmRunner, *, wait_after: bool, poll: float) -
 
 
 def cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """``memeval slurm submit|status|resubmit|check-shard``."""
+    """``memeval slurm submit|status|resubmit`` (and ``check-shard``, ``unfinished``: the
+    shard task's own steps)."""
     sub = parser.add_subparsers(dest="slurm_command", required=True, metavar="ACTION")
     p = sub.add_parser(
         "submit",
@@ -895,6 +1029,11 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("out", type=Path, metavar="DIR", help="the --out DIR of the submission")
     _wait_args(r)
 
+    u = sub.add_parser(
+        "unfinished", help="(inside a shard task) print the unfinished run to resume; 1 if none"
+    )
+    u.add_argument("shard_dir", type=Path, metavar="SHARD_DIR")
+
     c = sub.add_parser("check-shard", help="(inside a shard task) exit 0 iff the shard finished")
     c.add_argument("shard_dir", type=Path, metavar="SHARD_DIR")
     c.add_argument("--shard", required=True, metavar="K/N")
@@ -927,6 +1066,12 @@ def cli_main(args: argparse.Namespace, runner: SlurmRunner | None = None) -> int
             code, line = check_shard(args.shard_dir.resolve(), k, n, args.pytest_exit)
             print(line, file=sys.stderr if code else sys.stdout)
             return code
+        if args.slurm_command == "unfinished":
+            unfinished = unfinished_run(args.shard_dir.resolve())
+            if unfinished is None:
+                return 1
+            print(unfinished)
+            return 0
         if args.slurm_command == "submit":
             return submit(args, runner)
         out = args.out.resolve()

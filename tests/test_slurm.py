@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -159,6 +160,16 @@ def test_shard_script_exit_status(
     assert "--memeval-resume" not in call
 
 
+def unfinished(run_dir: Path, stamp: str = "20261201T160000Z", done: int = 0) -> Path:
+    """An unfinished run as the controller leaves it (runlayout.py): a journal, with a header
+    and ``done`` records, in ``subsets/<UTC start time>/``, no metrics."""
+    stage = run_dir / "subsets" / stamp
+    stage.mkdir(parents=True)
+    lines = ['{"memeval_journal": 1}'] + [json.dumps({"id": IDS[i]}) for i in range(done)]
+    (stage / "journal.jsonl").write_text("".join(line + "\n" for line in lines))
+    return stage
+
+
 def test_shard_script_resumes_when_resubmitted(tmp_path: Path) -> None:
     stub = tmp_path / "python"
     stub.write_text(STUB.format(python=sys.executable))
@@ -170,16 +181,33 @@ def test_shard_script_resumes_when_resubmitted(tmp_path: Path) -> None:
     def calls(*args: str, **extra: str) -> str:
         log = tmp_path / f"calls{len(list(tmp_path.glob('calls*')))}"
         env.update(extra, STUB_LOG=str(log))
-        subprocess.run(["bash", str(tmp_path / "script"), *args], env=env, capture_output=True)
-        return log.read_text()
+        done = subprocess.run(
+            ["bash", str(tmp_path / "script"), *args], env=env, capture_output=True, text=True
+        )
+        return done.stdout + log.read_text()
 
     assert "--memeval-resume" not in calls("resume")  # no journal yet: a fresh run
-    journal = p.shard_dir(3) / "journal.jsonl"
-    journal.parent.mkdir(parents=True)
-    journal.write_text('{"memeval_journal": 1}\n')
-    assert "--memeval-resume" not in calls()  # submit: fresh (the old journal is moved aside)
-    assert "--memeval-resume" in calls("resume")  # resubmit
+    shard = p.shard_dir(3)
+    stage = unfinished(shard, done=1)  # killed after one scenario
+    assert "--memeval-resume" not in calls()  # submit: a fresh run (in a new subsets/ dir)
+    resumed = calls("resume")  # resubmit
+    assert "--memeval-resume" in resumed
+    assert f"resuming the unfinished shard run in {stage}" in resumed
     assert "--memeval-resume" in calls(SLURM_RESTART_COUNT="1")  # requeued by Slurm
+    # The shard finished since (promoted to the top level, created after that subsets run
+    # started): nothing is left to continue, the resubmitted task starts afresh.
+    write_shard(shard / "top", IDS, 3, 3)
+    for name in ("metrics.json", "predictions.jsonl"):
+        (shard / "top" / name).rename(shard / name)
+    metrics = json.loads((shard / "metrics.json").read_text())
+    (shard / "metrics.json").write_text(
+        json.dumps({**metrics, "created": "2026-12-01T16:30:00+00:00"})
+    )
+    assert "--memeval-resume" not in calls("resume")
+    # ... and rerun again, killed again: that newer unfinished run is continued.
+    newer = unfinished(shard, "20261201T170000Z", done=1)
+    resumed = calls("resume")
+    assert "--memeval-resume" in resumed and f"unfinished shard run in {newer}" in resumed
 
 
 # -- a task's verdict -----------------------------------------------------------------------
@@ -200,10 +228,18 @@ def test_check_shard(tmp_path: Path) -> None:
     code, line = check_shard(tmp_path / "nothing", 3, 3, 1)
     assert code == INCOMPLETE_EXIT and "no run directory" in line
     crashed = tmp_path / "s3"
-    crashed.mkdir()
-    (crashed / "journal.jsonl").write_text('{"memeval_journal": 1}\n')
+    unfinished(crashed, done=1)
     code, line = check_shard(crashed, 3, 3, 1)
     assert code == INCOMPLETE_EXIT and "no metrics.json" in line and "--memeval-resume" in line
+    # A finished run at the top, and a newer run of the shard that did not finish (killed,
+    # or stopped with scenarios missing): the top is an earlier run, not this task's.
+    newer = unfinished(shard, done=1)
+    code, line = check_shard(shard, 2, 3, 1)
+    assert code == INCOMPLETE_EXIT and f"a newer run of this shard did not finish ({newer}" in line
+    code, line = check_shard(shard, 2, 3, 137)
+    assert code == 137
+    (newer / "journal.jsonl").unlink()
+    newer.rmdir()
     metrics = json.loads((shard / "metrics.json").read_text())
     metrics["missing"] = [IDS[3]]
     (shard / "metrics.json").write_text(json.dumps(metrics))
@@ -255,9 +291,7 @@ def test_shard_states(tmp_path: Path) -> None:
     log = p.shard_log(2, "7")
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"line {i}\n" for i in range(20)) + "memeval: shard 2/3 FAILED\n")
-    journal = p.shard_dir(2) / "journal.jsonl"
-    journal.parent.mkdir()
-    journal.write_text('{"memeval_journal": 1}\n{"id": "s03"}\n')
+    unfinished(p.shard_dir(2), done=1)
     jobs = [{"kind": "shards", "job_id": "7", "tasks": [1, 2, 3]}, {"kind": "merge"}]
     asked: list[str] = []
 
@@ -477,3 +511,199 @@ def test_resubmit_only_the_failed_shard_while_another_still_runs(
         ("merge", "22"),
     ]
     assert "resubmitted shard(s) 2/3 as array job 21" in capsys.readouterr().out
+
+
+# -- what the new run-directory layout means for Slurm ------------------------------------------
+
+
+def test_unfinished_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The script's question: which unfinished run would --memeval-resume continue?"""
+    shard = tmp_path / "shard-1-of-3"
+    assert main(["slurm", "unfinished", str(shard)]) == 1  # nothing there
+    write_shard(shard, IDS, 1, 3)
+    assert main(["slurm", "unfinished", str(shard)]) == 1  # only a finished run
+    stage = unfinished(shard)
+    capsys.readouterr()
+    assert main(["slurm", "unfinished", str(shard)]) == 0
+    assert capsys.readouterr().out.strip() == str(stage)
+    (shard / "metrics.json").write_text("{damaged")  # not a finished run; the journal counts
+    assert main(["slurm", "unfinished", str(shard)]) == 0
+    assert capsys.readouterr().out.strip() == str(stage)
+
+
+def test_status_of_a_shard_rerun_after_an_earlier_finished_run(tmp_path: Path) -> None:
+    """A shard directory holds a finished run of an earlier submission; this submission's
+    task ran it again and failed. That is a failed shard, whether or not its run journaled
+    anything (killed at model load: nothing in subsets/)."""
+    p = plan(tmp_path)
+    for k in (1, 2, 3):
+        write_shard(p.shard_dir(k), IDS, k, 3)
+    jobs = [{"kind": "shards", "job_id": "7", "tasks": [1, 2, 3]}]
+    failed1 = FAILED_TASK.replace("ArrayTaskId=2", "ArrayTaskId=1")
+    running3 = RUNNING_TASK.replace("ArrayTaskId=1", "ArrayTaskId=3")
+    unfinished(p.shard_dir(1), done=1)
+    unfinished(p.shard_dir(3), done=2)
+    states = shard_states(
+        p, jobs, lambda _: parse_scontrol(f"{failed1}\n{FAILED_TASK}\n{running3}")
+    )
+    assert [s.run for s in states] == ["failed", "failed", "running"]
+    assert "a newer run of this shard did not finish" in states[0].detail
+    assert states[1].detail == (
+        "the task failed; the finished shard run in the directory is an earlier one"
+    )
+    # The running task's count is its own journal's, not the earlier finished run's.
+    assert states[2].detail == "2 scenario(s) in its journal"
+    assert [s.needs_resubmit for s in states] == [True, True, False]
+
+
+def test_submit_refuses_an_out_dir_with_an_unfinished_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(project(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    stage = unfinished(tmp_path / "results" / "demo", done=1)  # an unsharded run, killed
+    assert main(["slurm", "submit", "--ckpt", "demo", "--shards", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"holds an unfinished run ({stage})" in err and "choose another --out" in err
+
+
+def slurm_holder(host: str, job: str, task: str, restart: str) -> dict[str, Any]:
+    """A lock holder as RunLock writes it inside Slurm task ``task`` of array ``job``."""
+    return {
+        "pid": 4242,
+        "host": host,
+        "started": "2026-12-01T16:00:00+00:00",
+        "proc_start": "99",
+        "argv": ["pytest", "--memeval-shard=2/3"],
+        "writes": None,
+        "slurm": {
+            "job_id": str(int(job) + int(task)),
+            "array_job_id": job,
+            "array_task_id": task,
+            "restart_count": restart,
+            "cluster": "gpu",
+        },
+    }
+
+
+def test_lock_of_a_requeued_task_is_taken_over_on_another_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm requeued task 7_2 (node failure, preemption) onto another node: the lock of its
+    first incarnation names a host nobody can check, but the same job and task with a lower
+    restart count is over; anything else stays refused."""
+    from pytest_memeval.runlock import LOCK_NAME, LockHeld, RunLock, describe_holder
+
+    run_dir = tmp_path / "shard-2-of-3"
+    run_dir.mkdir()
+    env = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_ARRAY_JOB_ID": "7",
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_RESTART_COUNT": "1",
+        "SLURM_CLUSTER_NAME": "gpu",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    first = slurm_holder("node01", "7", "2", "0")
+    for other, named in (
+        (slurm_holder("node01", "7", "2", "1"), " in Slurm job 7_2 (restart 1)"),  # not requeued
+        (slurm_holder("node01", "7", "3", "0"), " in Slurm job 7_3 (restart 0)"),  # another task
+        ({**first, "slurm": {**first["slurm"], "cluster": "cpu"}}, " in Slurm job 7_2 (restart 0)"),
+        ({k: v for k, v in first.items() if k != "slurm"}, ""),  # not a Slurm job
+    ):
+        (run_dir / LOCK_NAME).write_text(json.dumps(other))
+        with pytest.raises(LockHeld) as refused:
+            RunLock.acquire(run_dir)
+        assert f"pid 4242 on host node01{named} since" in str(refused.value)
+        assert "cannot be checked from" in str(refused.value)
+    (run_dir / LOCK_NAME).write_text(json.dumps(first))
+    lock = RunLock.acquire(run_dir)
+    assert lock.took_over == first  # the controller prints this, naming the job
+    assert "pid 4242 on host node01 in Slurm job 7_2 (restart 0) since" in describe_holder(first)
+    mine = json.loads((run_dir / LOCK_NAME).read_text())
+    assert mine["slurm"] == {
+        "job_id": "9",
+        "array_job_id": "7",
+        "array_task_id": "2",
+        "restart_count": "1",
+        "cluster": "gpu",
+    }
+    lock.release()
+    assert not (run_dir / LOCK_NAME).exists()
+
+
+def test_resubmit_clears_the_lock_of_a_task_killed_on_a_lost_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Task 7_2 was killed on node02 (node failure): its lock names node02, where no pid can
+    be checked from here, but Slurm says the job is FAILED: resubmit clears it (and says
+    so), so the task may run on any node. A lock whose job still runs refuses the resubmit."""
+    from pytest_memeval.runlock import LOCK_NAME
+    from pytest_memeval.slurm import SUBMISSION, cli_main
+
+    p = plan(tmp_path)
+    for k in (1, 3):
+        write_shard(p.shard_dir(k), IDS, k, 3)
+    unfinished(p.shard_dir(2), done=1)
+    lock = p.shard_dir(2) / LOCK_NAME
+    held = slurm_holder("node02", "7", "2", "0")
+    held["slurm"]["job_id"] = "9"  # FAILED_TASK's JobId
+    lock.write_text(json.dumps(held))
+    p.slurm_dir.mkdir(parents=True)
+    jobs = [
+        {"kind": "shards", "job_id": "7", "tasks": [1, 2, 3]},
+        {"kind": "merge", "job_id": "10"},
+    ]
+    (p.slurm_dir / SUBMISSION).write_text(json.dumps({"plan": p.as_dict(), "jobs": jobs}))
+    ok1 = RUNNING_TASK.replace("RUNNING", "COMPLETED")
+    ok3 = ok1.replace("ArrayTaskId=1", "ArrayTaskId=3").replace("JobId=8", "JobId=11")
+    # `scontrol show job 9` (the holder's job) answers with task 7_2's own record.
+    lines = {"7": f"{ok1}\n{FAILED_TASK}\n{ok3}", "9": FAILED_TASK, "10": CANCELLED_MERGE}
+    args = argparse.Namespace(slurm_command="resubmit", out=p.out, wait=False, poll=1.0)
+
+    # Slurm still runs the holder's job (say, an earlier task stuck in completing): refused,
+    # nothing submitted, the lock left alone.
+    fake = RecordingSlurm(
+        {**lines, "9": FAILED_TASK.replace("JobState=FAILED", "JobState=RUNNING")}
+    )
+    assert cli_main(args, fake) == 2  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert f"{p.shard_dir(2)} is in use by pid 4242 on host node02 in Slurm job 7_2" in err
+    assert "Slurm job 7_2 is RUNNING; wait for it or scancel it" in err
+    assert fake.submitted == [] and lock.exists()
+
+    fake = RecordingSlurm(lines)
+    assert cli_main(args, fake) == 0  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert f"removed the stale lock {lock} of pid 4242 on host node02 in Slurm job 7_2" in out
+    assert out.count("removed the stale lock") == 1
+    assert "Slurm job 7_2 is FAILED" in out
+    assert not lock.exists()
+    assert fake.submitted[0] == ["--array=2", str(p.slurm_dir / "shards.sbatch"), "resume"]
+
+
+def test_stale_lock_verdicts() -> None:
+    """Slurm's word on a lock from another host; a job it forgot counts as ended only when
+    it is one of this submission's jobs."""
+    from pytest_memeval.slurm import stale_lock
+
+    held = slurm_holder("node02", "7", "2", "0")
+    held["slurm"]["job_id"] = "9"
+    assert stale_lock(held, lambda _: parse_scontrol(FAILED_TASK)) == (
+        True,
+        "Slurm job 7_2 is FAILED",
+    )
+    assert stale_lock(held, lambda _: [], ours=["7", "10"]) == (
+        True,
+        "Slurm job 7_2 has ended (Slurm no longer knows it)",
+    )
+    assert stale_lock(held, lambda _: []) == (None, "Slurm does not know job 7_2")
+    pending = PENDING_ARRAY.replace("JobId=7 ", "JobId=9 ")
+    assert stale_lock(held, lambda _: parse_scontrol(pending))[0] is False
+    plain = {k: v for k, v in held.items() if k != "slurm"}
+    stale, why = stale_lock(plain, lambda _: [])
+    assert stale is None and "not taken in a Slurm job" in why
+    here = {**plain, "host": socket.gethostname(), "pid": os.getpid()}
+    here.pop("proc_start")
+    assert stale_lock(here, lambda _: []) == (False, "its process is still running")

@@ -291,23 +291,47 @@ def test_slurm_submit_fail_resubmit_merge(
     assert "shard 1/3: failed" in status
     assert "exit 137" in status  # 128 + SIGKILL, from the task's own exit status
     assert "memeval: shard 1/3 FAILED: killed by signal 9" in status  # the log's last lines
-    journal = second / "shard-1-of-3" / "journal.jsonl"
-    assert len(read_jsonl(journal)) == 2  # header + the one scenario done before the kill
+    # The killed run journaled into subsets/<time>/ (a run that did not finish never touches
+    # the top level): header + the one scenario done before the kill.
+    shard1_dir = second / "shard-1-of-3"
+    journals = list(shard1_dir.glob("subsets/*/journal.jsonl"))
+    assert len(journals) == 1, journals
+    assert len(read_jsonl(journals[0])) == 2
+    assert not (shard1_dir / "metrics.json").exists()
+    # The SIGKILLed pytest left its lock, naming its Slurm job. As if the node were lost
+    # (the resubmitted task may run on another node, which cannot check that pid): only
+    # Slurm's word that the job ended can clear it.
+    lock = shard1_dir / "memeval.lock"
+    holder = json.loads(lock.read_text("utf-8"))
+    array_job = json.loads((second / "slurm" / "submission.json").read_text("utf-8"))["jobs"][0]
+    assert holder["slurm"]["array_job_id"] == array_job["job_id"]
+    assert holder["slurm"]["array_task_id"] == "1"
+    lock.write_text(json.dumps({**holder, "host": "lost-node-7"}), "utf-8")
 
     # 3. Resubmit: only shard 1 runs again, resumed from its journal; then the merge.
     assert slurm("resubmit", second, "--wait", "--poll", 1) == 0
     out = capsys.readouterr().out
+    assert f"removed the stale lock {lock} of pid {holder['pid']} on host lost-node-7" in out
+    assert f"Slurm job {array_job['job_id']}_1 is FAILED" in out
     assert "resubmitted shard(s) 1/3" in out
     assert f"merged run complete: {second}" in out
     submission = json.loads((second / "slurm" / "submission.json").read_text("utf-8"))
+    resubmitted = submission["jobs"][2]["job_id"]
+    log = (second / "slurm" / "logs" / f"shard-1-of-3.job-{resubmitted}.log").read_text()
+    assert f"resuming the unfinished shard run in {journals[0].parent}" in log
+    assert "--memeval-resume" in log
     assert [(j["kind"], j.get("tasks")) for j in submission["jobs"]] == [
         ("shards", [1, 2, 3]),
         ("merge", None),
         ("shards", [1]),
         ("merge", None),
     ]
-    shard1 = json.loads((second / "shard-1-of-3" / "metrics.json").read_text("utf-8"))
-    assert shard1["scope"]["resumed"] == 1
+    # The resubmitted shard continued the killed run (one scenario from its journal, one
+    # decoded), and that finished run was promoted to the top of the shard directory.
+    shard1 = json.loads((shard1_dir / "metrics.json").read_text("utf-8"))
+    assert shard1["scope"]["resumed"] == 1 and shard1["scope"]["evaluated"] == 2
+    assert not journals[0].exists() and len(read_jsonl(shard1_dir / "journal.jsonl")) == 3
+    assert not lock.exists()
     recount_run(second)
     merged = json.loads((second / "metrics.json").read_text("utf-8"))
     assert merged["complete"] is True
