@@ -260,11 +260,15 @@ def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
     benchmark = Benchmark(tuple(scenarios), source, "sha256:" + digest.hexdigest())
     # Each scenario is a pytest item named by its pytest id (ids.param_id); two ids with one
     # pytest id would be one item. Practically impossible (a 40-bit hash), but refused here,
-    # at load, by the one check (IdMap's), naming both ids.
+    # at load, by the one check (IdMap's), naming both ids and where they are.
     try:
         benchmark.id_map  # noqa: B018 - built (and cached) for its check
     except IdCollision as exc:
-        raise BenchmarkError(f"{source}: {exc}") from None
+        raise BenchmarkError(
+            f"{seen[exc.second]}: scenario id {exc.second!r} has the same pytest id "
+            f"{exc.pytest_id!r} as scenario {exc.first!r} (at {seen[exc.first]}); "
+            "rename one of them"
+        ) from None
     return benchmark
 
 
