@@ -440,8 +440,8 @@ def format_summary(m: dict[str, Any]) -> str:
         )
     if m.get("overlong"):
         lines.append(
-            f"over-long: {m['overlong']} scenario(s) evaluated past the model's context "
-            "(--memeval-allow-overlong); their records say overlong in predictions.jsonl"
+            f"overlong: {m['overlong']}/{m['n']} scenarios were evaluated past the model's "
+            "context (--memeval-allow-overlong): not comparable to a normal result"
         )
     timing = m.get("timing") or {}
     if timing.get("scenarios_per_s") is not None:
