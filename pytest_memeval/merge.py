@@ -252,7 +252,6 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
 
     from .runlock import LockHeld, RunLock
 
-    created = not out.exists()
     try:
         # Locked before ``out`` is checked: a pytest run that writes it between the check
         # and the merge would otherwise be replaced without being looked at.
@@ -266,10 +265,7 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
         if not problems:
             return _write_merged(runs, out)
     finally:
-        lock.release()
-    if created:
-        with contextlib.suppress(OSError):
-            out.rmdir()  # made only for the lock: "nothing written" means nothing
+        lock.release()  # also removes ``out`` if the lock made it and it is empty
     raise MergeError(problems)
 
 
