@@ -191,10 +191,12 @@ class MemevalController:
         if self.copy_journal is not None and not self.journal.is_open and not missing_selected:
             # --memeval-resume of the finished top-level run, nothing new to evaluate: it
             # stays as it is.
-            self.notes.append(
+            taken = len(self.resumed.offsets) if self.resumed is not None else 0
+            self.notes += [
+                f"resumed: {taken} scenario(s) taken from the journal, 0 evaluated now",
                 f"nothing to resume: {self.run_dir} holds the finished run with every "
-                "selected scenario; it was left as it is"
-            )
+                "selected scenario; it was left as it is",
+            ]
             if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
                 session.exitstatus = pytest.ExitCode.OK
             return
