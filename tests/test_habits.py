@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pytest_memeval.progress import Progress, format_duration
-from pytest_memeval.runlayout import promote, stranded
+from pytest_memeval.runlayout import promote, resume_target, stranded
 from pytest_memeval.runlock import LOCK_NAME, LockHeld, RunLock, read_holder
 
 from .conftest import MemevalProject, demo_records, write_jsonl
@@ -443,6 +443,16 @@ def test_a_promotion_cut_short_is_kept_and_reported(
     )
     assert again.stdout.lines.count(expected) == 2, again.stdout.str()  # header and summary
     assert stranded(top) == [left]
+
+
+def test_resume_target_takes_a_damaged_metrics_for_no_finished_run(tmp_path: Path) -> None:
+    (tmp_path / "metrics.json").write_text("{ damaged", "utf-8")
+    (tmp_path / "journal.jsonl").write_text("", "utf-8")
+    assert resume_target(tmp_path) == tmp_path  # no JSONDecodeError (an INTERNALERROR)
+    subset = tmp_path / "subsets" / "20200101T000000Z"
+    subset.mkdir(parents=True)
+    (subset / "journal.jsonl").write_text("", "utf-8")
+    assert resume_target(tmp_path) == subset
 
 
 REPLACEMENT_FAILS_CONFTEST = """
