@@ -25,7 +25,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .ids import IdMap, param_id
+from .ids import IdCollision, IdMap
 
 __all__ = [
     "ROLES",
@@ -244,7 +244,6 @@ def fingerprint_records(lines: Iterable[str]) -> str:
 def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
     scenarios: list[Scenario] = []
     seen: dict[str, str] = {}
-    pytest_ids: dict[str, tuple[str, str]] = {}
     digest = hashlib.sha256()
     for where, obj in items:
         scenario = parse_record(obj, where=where, index=len(scenarios))
@@ -254,21 +253,23 @@ def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
                 f"(first seen at {seen[scenario.id]})"
             )
         seen[scenario.id] = where
-        # Each scenario is a pytest item named by its pytest id (ids.param_id); two ids with
-        # one pytest id would be one item. Practically impossible (a 40-bit hash), but named.
-        pid = param_id(scenario.id)
-        if pid in pytest_ids:
-            first_id, first_where = pytest_ids[pid]
-            raise BenchmarkError(
-                f"{where}: scenario id {scenario.id!r} has the same pytest id {pid!r} as "
-                f"scenario {first_id!r} (at {first_where}); rename one of them"
-            )
-        pytest_ids[pid] = (scenario.id, where)
         digest.update(dump_record(scenario.to_record()).encode("utf-8"))
         scenarios.append(scenario)
     if not scenarios:
         raise BenchmarkError(f"{source}: the benchmark has no scenarios")
-    return Benchmark(tuple(scenarios), source, "sha256:" + digest.hexdigest())
+    benchmark = Benchmark(tuple(scenarios), source, "sha256:" + digest.hexdigest())
+    # Each scenario is a pytest item named by its pytest id (ids.param_id); two ids with one
+    # pytest id would be one item. Practically impossible (a 40-bit hash), but refused here,
+    # at load, by the one check (IdMap's), naming both ids and where they are.
+    try:
+        benchmark.id_map  # noqa: B018 - built (and cached) for its check
+    except IdCollision as exc:
+        raise BenchmarkError(
+            f"{seen[exc.second]}: scenario id {exc.second!r} has the same pytest id "
+            f"{exc.pytest_id!r} as scenario {exc.first!r} (at {seen[exc.first]}); "
+            "rename one of them"
+        ) from None
+    return benchmark
 
 
 def load_jsonl(path: Path) -> Benchmark:

@@ -14,6 +14,7 @@ session (runlock.py).
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +34,18 @@ from .rundir import (
     sha256_file,
     write_json,
 )
-from .runlayout import finished, new_subset_dir, promote, resume_target, top_level_run
+from .runlayout import (
+    describe_stranded,
+    finished,
+    new_subset_dir,
+    promote,
+    resume_target,
+    stranded,
+    top_level_run,
+)
 from .runlock import LockHeld, RunLock, describe_holder
 from .sharding import shard_scope
+from .startup import evaluates_nothing
 from .state import MemevalState
 from .stats import interval_words
 
@@ -55,16 +65,25 @@ class MemevalController:
         self.problems: list[str] = []
         #: (scenarios in its forward pass, most per pass) of each written batched record
         self._batches: list[tuple[int, int]] = []
+        self.notes: list[str] = []
         self.started = time.time()
         self.resumed: ResumePoint | None = None
-        #: where this run journals (a new subsets/<time>/, or the run it resumes)
+        #: where this run journals (a new subsets/<time>/, or the unfinished run it resumes)
         target = resume_target(self.run_dir) if config.getoption("memeval_resume") else None
+        #: a finished top-level run being resumed: never rewritten in place (a failure would
+        #: leave it without metrics); its journal is copied into a new subsets/<time>/ when
+        #: this run has something to add (_begin), and nothing is written otherwise.
+        self.copy_journal: Path | None = None
+        if target == self.run_dir and top_level_run(self.run_dir) is not None:
+            self.copy_journal, target = self.run_dir / JOURNAL, None
         self.stage = target or new_subset_dir(self.run_dir, self.started)
+        #: hidden directories a crashed promotion left (reported, never touched)
+        self.stranded = stranded(self.run_dir)
         #: where the finished files ended up, and the finished run a promotion kept
         self.written: Path | None = None
         self.kept_previous: Path | None = None
         self.lock = _take_lock(config, self.run_dir, self.stage)
-        self.journal = Journal(self.stage / JOURNAL)
+        self.journal = Journal(self.copy_journal or self.stage / JOURNAL)
         from .progress import Progress, ProgressReporter, interval_from
 
         self.progress = Progress(interval_from(config))
@@ -117,9 +136,17 @@ class MemevalController:
         """
         if self.journal.is_open:
             return
+        if self.copy_journal is not None:
+            # Byte for byte, so the offsets read from the finished run's journal stay valid.
+            self.stage.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.copy_journal, self.stage / JOURNAL)
+            self.journal = Journal(self.stage / JOURNAL)
         if self.resumed is not None:
             (self.stage / METRICS).unlink(missing_ok=True)
         self.journal.open(truncate=self.resumed is None, header=journal_header(self.state))
+        # Where the records are, for a run stopped later by a failing replacement worker
+        # (startup.StartupWatch): its message must not say that nothing was written.
+        self.state.extra["journal"] = str(self.journal.path)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -143,13 +170,14 @@ class MemevalController:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if session.config.getoption("collectonly") or session.config.getoption("setupplan", False):
+        if evaluates_nothing(session.config):
             # Nothing was evaluated on purpose: the run directory is not this session's.
             self.journal.close()
             return
         if self.state.extra.get("startup_failure"):
-            # A worker (or this process) could not start or load the model: nothing was
-            # evaluated, and the run directory keeps whatever it held (startup.py).
+            # A worker (or this process) could not start or load the model: the run directory
+            # keeps whatever it held (startup.py); records of scenarios evaluated before a
+            # replacement worker failed stay in this run's journal (the message says where).
             self.journal.close()
             return
         wall = time.time() - self.started
@@ -163,6 +191,18 @@ class MemevalController:
         if not done and not missing_selected:
             self.journal.close()
             return  # no eval item ran or was selected (e.g. -k picked only plugin tests)
+        if self.copy_journal is not None and not self.journal.is_open and not missing_selected:
+            # --memeval-resume of the finished top-level run, nothing new to evaluate: it
+            # stays as it is.
+            taken = len(self.resumed.offsets) if self.resumed is not None else 0
+            self.notes += [
+                f"resumed: {taken} scenario(s) taken from the journal, 0 evaluated now",
+                f"nothing to resume: {self.run_dir} holds the finished run with every "
+                "selected scenario; it was left as it is",
+            ]
+            if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+                session.exitstatus = pytest.ExitCode.OK
+            return
         self._begin()
         self.journal.close()
 
@@ -253,20 +293,30 @@ class MemevalController:
         stale = self.lock.took_over if self.lock is not None else None
         if stale:
             lines.append(_stale_note(stale))
-        if self.resumed is not None and not self.resumed.fresh and self.stage != self.run_dir:
+        if (
+            self.resumed is not None
+            and not self.resumed.fresh
+            and self.copy_journal is None
+            and self.stage != self.run_dir
+        ):
             lines.append(f"memeval: resuming the unfinished run in {self.stage}")
+        lines.extend(describe_stranded(path) for path in self.stranded)
         return lines
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
         stale = self.lock.took_over if self.lock is not None else None
-        if not self.metrics and not self.problems and not stale:
+        if not (self.metrics or self.problems or stale or self.notes or self.stranded):
             return
         tr.section("memeval")
         if stale:
             tr.line(_stale_note(stale), yellow=True)
+        for path in self.stranded:
+            tr.line(describe_stranded(path), yellow=True)
         for problem in self.problems:
             tr.line(f"ERROR: {problem}", red=True, bold=True)
+        for note in self.notes:
+            tr.line(note)
         m = self.metrics
         if not m:
             return
@@ -332,14 +382,20 @@ def _take_lock(config: pytest.Config, run_dir: Path, stage: Path) -> RunLock | N
     """Lock ``run_dir`` for this session (released at unconfigure, also after a failure or an
     interrupt), or refuse with a usage error naming the run that holds it.
 
-    ``--collect-only`` and ``--setup-plan`` evaluate nothing and take nothing.
+    ``--collect-only``, ``--setup-plan``, ``--help``, ``--fixtures``, ``--fixtures-per-test``,
+    ``--markers`` and ``--version`` evaluate nothing and take nothing.
     """
-    if config.getoption("collectonly") or config.getoption("setupplan", False):
+    if evaluates_nothing(config):
         return None
     try:
         lock = RunLock.acquire(run_dir, writes=stage)
     except LockHeld as exc:
         raise pytest.UsageError(str(exc)) from None
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"pytest-memeval: cannot lock the run directory {run_dir} "
+            f"({exc.strerror or exc}); is it writable? (--memeval-out chooses another)"
+        ) from None
     config.add_cleanup(lock.release)
     return lock
 
@@ -401,6 +457,11 @@ def format_summary(m: dict[str, Any]) -> str:
         lines.append(
             f"stop flags: {m['stop_flags']} in the replayed predictions: cut-off outputs "
             "could not be detected (parse failures count only empty or off-pattern outputs)"
+        )
+    if m.get("overlong"):
+        lines.append(
+            f"overlong: {m['overlong']}/{m['n']} scenarios were evaluated past the model's "
+            "context (--memeval-allow-overlong): not comparable to a normal result"
         )
     timing = m.get("timing") or {}
     if timing.get("scenarios_per_s") is not None:

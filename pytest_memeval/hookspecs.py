@@ -50,4 +50,14 @@ def pytest_memeval_record(config: pytest.Config, record: Mapping[str, Any]) -> N
 def pytest_memeval_run_written(
     config: pytest.Config, run_dir: Path, metrics: Mapping[str, Any]
 ) -> None:
-    """The run directory is final: ``predictions.jsonl`` and ``metrics.json`` are written."""
+    """A run's ``predictions.jsonl`` and ``metrics.json`` are written (recounted, final).
+
+    ``run_dir`` is where they are: the top of the run directory (``runs/<ckpt>/``,
+    ``--memeval-out``) for a finished run, which was promoted there; for a run that did not
+    finish (a subset, missing scenarios, a stop), its own ``subsets/<UTC time>/`` directory
+    beside the finished run (docs/results-schema.md). Either way ``metrics`` are those of this
+    run and complete for it; whether the run covers its whole scope is in
+    ``metrics["complete"]``, ``["missing"]`` and ``["not_selected"]``. Not called when a run
+    writes nothing (no eval item selected, a start-up failure, a recount disagreement, or a
+    resume with nothing left to do).
+    """

@@ -67,7 +67,14 @@ def split_item_name(name_or_nodeid: str) -> tuple[str, str] | None:
 
 
 class IdCollision(ValueError):
-    """Two scenario ids of one benchmark have the same pytest id."""
+    """Two scenario ids of one benchmark have the same pytest id (``first`` came first)."""
+
+    def __init__(self, first: str, second: str, pytest_id: str) -> None:
+        super().__init__(
+            f"scenario ids {first!r} and {second!r} both become pytest id {pytest_id!r}; "
+            "rename one of them"
+        )
+        self.first, self.second, self.pytest_id = first, second, pytest_id
 
 
 class IdMap:
@@ -79,10 +86,7 @@ class IdMap:
             pid = param_id(sid)
             other = self.by_pytest_id.setdefault(pid, sid)
             if other != sid:
-                raise IdCollision(
-                    f"scenario ids {other!r} and {sid!r} both become pytest id {pid!r}; "
-                    "rename one of them"
-                )
+                raise IdCollision(other, sid, pid)
 
     def scenario_of(self, name_or_nodeid: str) -> str | None:
         """The scenario of an eval item's node id or name, ``None`` for any other item."""

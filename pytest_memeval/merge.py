@@ -13,7 +13,9 @@ by the independent recount before ``metrics.json`` is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -33,7 +35,7 @@ from .rundir import (
     sha256_file,
     write_json,
 )
-from .runlayout import SUBSETS
+from .runlayout import SUBSETS, resume_target
 
 __all__ = ["MergeError", "ShardRun", "cli_arguments", "cli_main", "load_shard", "merge_shards"]
 
@@ -87,6 +89,15 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
             else ""
         )
         problems.append(f"{path}: no {METRICS}: not a finished run{hint}")
+        return None
+    newer = resume_target(path)
+    if newer is not None and newer != path:
+        # The shard is being re-run (or that re-run was stopped): its finished run at the
+        # top is not the one the user is working on.
+        problems.append(
+            f"{path}: a newer unfinished run of this shard is in {newer}; finish it "
+            "(pytest --memeval-resume) or remove that directory before merging"
+        )
         return None
     try:
         recount_run(path)
@@ -182,6 +193,8 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
             problems,
         )
     _agree(runs, "decoding settings", lambda r: _settings(r.metrics), problems)
+    # --memeval-model/--memeval-adapter/--memeval-set: the merged run says what it overrode.
+    _agree(runs, "overrides", lambda r: r.metrics.get("overrides") or {}, problems)
 
     n = runs[0].shard.get("count")
     if not isinstance(n, int) or any(r.shard.get("count") != n for r in runs):
@@ -234,9 +247,34 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
     if not paths:
         problems.append("no shard run directory given")
     check_shards(runs, problems)
+    if problems:
+        raise MergeError(problems + _out_problems(out, runs))
+
+    from .runlock import LockHeld, RunLock
+
+    try:
+        # Locked before ``out`` is checked: a pytest run that writes it between the check
+        # and the merge would otherwise be replaced without being looked at.
+        lock = RunLock.acquire(out)
+    except LockHeld as exc:
+        raise MergeError([f"-o {out}: {exc}"]) from None
+    except OSError as exc:
+        raise MergeError([f"-o {out}: cannot lock it ({exc.strerror or exc})"]) from None
+    try:
+        problems = _out_problems(out, runs)
+        if not problems:
+            return _write_merged(runs, out)
+    finally:
+        lock.release()  # also removes ``out`` if the lock made it and it is empty
+    raise MergeError(problems)
+
+
+def _out_problems(out: Path, runs: Sequence[ShardRun]) -> list[str]:
+    """Why the merge must not be written to ``out``."""
     if any(out == r.path for r in runs):
-        problems.append(f"-o {out}: is one of the shard runs; choose another directory")
-    elif (out / METRICS).is_file():
+        return [f"-o {out}: is one of the shard runs; choose another directory"]
+    problems = []
+    if (out / METRICS).is_file():
         try:
             previous = read_json(out / METRICS)
         except (OSError, ValueError):
@@ -245,24 +283,13 @@ def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
             problems.append(
                 f"-o {out}: already holds a run that is not a merge; refusing to overwrite it"
             )
-    elif (out / JOURNAL).is_file():
+    unfinished = resume_target(out)
+    if unfinished is not None and (unfinished != out or not (out / METRICS).is_file()):
         problems.append(
-            f"-o {out}: holds the journal of an unfinished run; refusing to mix a merge into it"
+            f"-o {out}: holds the journal of an unfinished run ({unfinished / JOURNAL}); "
+            "refusing to mix a merge into it"
         )
-    if problems:
-        raise MergeError(problems)
-
-    from .runlock import LockHeld, RunLock
-
-    try:
-        # A pytest run writing the same directory right now would mix its files with ours.
-        lock = RunLock.acquire(out)
-    except LockHeld as exc:
-        raise MergeError([f"-o {out}: {exc}"]) from None
-    try:
-        return _write_merged(runs, out)
-    finally:
-        lock.release()
+    return problems
 
 
 def _write_merged(runs: list[ShardRun], out: Path) -> dict[str, Any]:
@@ -275,6 +302,20 @@ def _write_merged(runs: list[ShardRun], out: Path) -> dict[str, Any]:
     # merge there moves to previous/, and nothing is half-replaced if this one fails.
     stage = new_subset_dir(out, time.time())
     stage.mkdir(parents=True)
+    try:
+        metrics = _stage_merged(runs, stage)
+    except BaseException:
+        # Nothing half-written is left behind (the stage is this merge's own directory).
+        shutil.rmtree(stage, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            stage.parent.rmdir()
+        raise
+    promote(stage, out)
+    return metrics
+
+
+def _stage_merged(runs: list[ShardRun], stage: Path) -> dict[str, Any]:
+    """Write the merged predictions and metrics into ``stage``; returns the metrics."""
     predictions = stage / PREDICTIONS
     tally = Tally()
     atomic_write(predictions, _merged_lines(runs, tally))
@@ -329,9 +370,10 @@ def _write_merged(runs: list[ShardRun], out: Path) -> dict[str, Any]:
             }
             for r in runs
         ],
+        # Every shard has the same (check_shards), and a run without says {}.
+        overrides=first.get("overrides") or {},
     )
     write_json(stage / METRICS, metrics)
-    promote(stage, out)
     return metrics
 
 

@@ -57,6 +57,7 @@ class Tally:
     parse_fail_turns: int = 0
     generated_turns: int = 0
     no_stop_flags: int = 0  # records replayed from predictions without stop flags
+    overlong: int = 0  # evaluated past the model's context (--memeval-allow-overlong)
     by_position: dict[int, list[int]] = field(default_factory=dict)
     #: m2's turns clustered by scenario (for its interval): integer sums, constant memory.
     m2_clusters: ClusterSums = field(default_factory=ClusterSums)
@@ -66,6 +67,7 @@ class Tally:
         self.m1_correct += bool(record["final_match"])
         self.parse_fail_final += bool(record["parse_fail"])
         self.no_stop_flags += record.get("final_stopped") is None
+        self.overlong += record.get("overlong") is not None
         if not record["aligned"]:
             self.unaligned += 1
         scored = right = 0
@@ -106,6 +108,7 @@ class Tally:
             "unaligned": self.unaligned,
             "parse_fail": {"final": self.parse_fail_final, "turns": self.parse_fail_turns},
             "stop_flags": stop_flags_kind(self.no_stop_flags, self.n),
+            "overlong": self.overlong,
         }
 
 

@@ -32,7 +32,7 @@ class RecountError(RuntimeError):
 def recount_file(path: Path) -> dict[str, Any]:
     """Recount the count fields of ``metrics.json`` from a predictions file."""
     n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
-    with_flags = without_flags = 0
+    with_flags = without_flags = overlong = 0
     ids: set[str] = set()
     per_scenario: list[tuple[int, int]] = []  # (right, scored) of each aligned scenario
     with path.open(encoding="utf-8") as fh:
@@ -58,6 +58,8 @@ def recount_file(path: Path) -> dict[str, Any]:
             without_flags += 1
         if rec["aligned"] is not True:
             unaligned += 1
+        if rec.get("overlong") is not None:
+            overlong += 1
         here_scored = here_ok = 0
         for turn in rec["turns"]:
             if turn["parse_fail"] is True:
@@ -91,6 +93,7 @@ def recount_file(path: Path) -> dict[str, Any]:
         "unaligned": unaligned,
         "parse_fail": {"final": pf_final, "turns": pf_turns},
         "stop_flags": _stop_flags(with_flags, without_flags),
+        "overlong": overlong,
     }
 
 
@@ -116,6 +119,12 @@ def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[s
     if flags != recounted.get("stop_flags"):
         problems.append(
             f"stop_flags: metrics say {flags!r}, recount gives {recounted.get('stop_flags')!r}"
+        )
+    # Metrics written before the field existed: no run could evaluate over-long scenarios.
+    if claimed.get("overlong", 0) != recounted.get("overlong"):
+        problems.append(
+            f"overlong: metrics say {claimed.get('overlong', 0)!r}, "
+            f"recount gives {recounted.get('overlong')!r}"
         )
     return problems
 

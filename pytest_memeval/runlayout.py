@@ -32,10 +32,12 @@ __all__ = [
     "PREVIOUS",
     "RUN_FILES",
     "SUBSETS",
+    "describe_stranded",
     "finished",
     "new_subset_dir",
     "promote",
     "resume_target",
+    "stranded",
     "top_level_run",
 ]
 
@@ -102,7 +104,10 @@ def resume_target(run_dir: Path) -> Path | None:
     it has a journal (a finished run: nothing left to do; or a run directory of an older
     version, which kept unfinished runs at the top level).
     """
-    top = read_json(run_dir / METRICS) if (run_dir / METRICS).is_file() else None
+    try:
+        top = read_json(run_dir / METRICS)
+    except (OSError, ValueError):
+        top = None  # none, or damaged: no finished run to be newer than (as top_level_run)
     written: _dt.datetime | None = None
     if isinstance(top, dict) and isinstance(top.get("created"), str):
         try:
@@ -134,25 +139,63 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def stranded(run_dir: Path) -> list[Path]:
+    """Hidden ``.previous.<pid>.tmp``/``.old`` directories a crashed :func:`promote` left.
+
+    ``.tmp`` holds the finished run that was at the top level, ``.old`` the one that was in
+    ``previous/``. They are never removed or read by another run: the user decides.
+    """
+    return sorted(
+        path
+        for path in run_dir.glob(f".{PREVIOUS}.*")
+        if path.is_dir() and path.suffix in (".tmp", ".old")
+    )
+
+
+def describe_stranded(path: Path) -> str:
+    """One line saying what a :func:`stranded` directory holds and what to do with it."""
+    try:
+        created = read_json(path / METRICS).get("created", "?")
+    except (OSError, ValueError, AttributeError):
+        created = "?"
+    return (
+        f"memeval: {path} holds a finished run (created {created}) that an interrupted "
+        "promotion left behind; nothing reads it there: move its files back into "
+        f"{path.parent} or {path.parent / PREVIOUS}, or delete it"
+    )
+
+
+def _unused(run_dir: Path, suffix: str) -> Path:
+    candidate, k = run_dir / f".{PREVIOUS}.{os.getpid()}{suffix}", 1
+    while candidate.exists():
+        k += 1
+        candidate = run_dir / f".{PREVIOUS}.{os.getpid()}-{k}{suffix}"
+    return candidate
+
+
 def promote(stage: Path, run_dir: Path) -> Path | None:
     """Make the finished run in ``stage`` the top-level run of ``run_dir``.
 
     The finished run at the top level (if any) moves to ``previous/`` (replacing the one
-    there). Every step is a rename: a crash between two steps leaves the top level without
-    ``metrics.json`` (no result, rather than a wrong one) and every file in ``stage`` or
-    ``previous/``. Returns the ``previous/`` path when a run was moved there.
+    there), by way of a hidden ``.previous.<pid>.tmp/`` directory. Every step is a rename: a
+    crash between two steps leaves the top level without ``metrics.json`` (no result, rather
+    than a wrong one) and every file in ``stage``, ``previous/`` or a hidden
+    ``.previous.<pid>.tmp/`` (or ``.old/``) directory, which :func:`stranded` finds and the
+    next run reports (nothing else reads it there). Returns the ``previous/`` path when a run
+    was moved there.
     """
     kept: Path | None = None
     present = [name for name in RUN_FILES if (run_dir / name).is_file()]
     if present:
-        fresh = run_dir / f".{PREVIOUS}.{os.getpid()}.tmp"
-        shutil.rmtree(fresh, ignore_errors=True)
+        # Never reuse a name: a stranded directory of a crashed promotion with the same pid
+        # (containers recycle small pids) holds a finished run.
+        fresh = _unused(run_dir, ".tmp")
         fresh.mkdir()
         for name in present:
             (run_dir / name).replace(fresh / name)
         _fsync_dir(run_dir)
         kept = run_dir / PREVIOUS
-        old = run_dir / f".{PREVIOUS}.{os.getpid()}.old"
+        old = _unused(run_dir, ".old")
         if kept.exists():
             kept.replace(old)
         fresh.replace(kept)

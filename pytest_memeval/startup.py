@@ -16,7 +16,10 @@ broken weight file) fails every item with the same traceback. Here:
   other reason (a conftest or plugin failing at configure) is read from the error xdist
   hands over (its traceback). Either way the whole run stops with that worker's message:
   no replacement workers, no item reports, and the run directory left as it was (the
-  controller writes nothing when ``state.extra["startup_failure"]`` is set).
+  controller writes nothing when ``state.extra["startup_failure"]`` is set). A replacement
+  worker (xdist restarts one that crashed mid-run) that fails the same way stops the run
+  too; the scenarios evaluated before stay in the run's journal, and the message says where
+  and to continue with ``--memeval-resume``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "EarlyLoad",
     "StartupWatch",
     "describe_load_failure",
+    "evaluates_nothing",
     "parse_worker_error",
 ]
 
@@ -49,8 +53,31 @@ INTERNAL = 3
 #: terminated"), and a final class, so the kind rides in the message.
 INTERNAL_TAG = "[internal error] "
 
+#: The end of a start-up failure's message; StartupWatch replaces it when scenarios were
+#: journaled before (a replacement worker that failed mid-run).
+NOTHING_WRITTEN = "The run was stopped before any scenario ran; nothing was written."
+
 #: Where a worker puts its start-up failure for the controller (``config.workeroutput``).
 OUTPUT_KEY = "memeval_startup_failure"
+
+
+#: Option destinations of sessions that evaluate nothing: they load no model, take no lock
+#: and write nothing (``--help`` and ``--markers`` configure plugins, ``--fixtures`` and
+#: ``--fixtures-per-test`` even collect).
+_EVALUATES_NOTHING = (
+    "collectonly",
+    "setupplan",
+    "help",
+    "showfixtures",
+    "show_fixtures_per_test",
+    "markers",
+    "version",
+)
+
+
+def evaluates_nothing(config: pytest.Config) -> bool:
+    """Whether this session only shows something (help, fixtures, markers, collection)."""
+    return any(config.getoption(name, False) for name in _EVALUATES_NOTHING)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -72,7 +99,7 @@ def describe_load_failure(
     name = type(exc).__name__
     text = str(exc)
     head = f"pytest-memeval: {where + ' ' if where else ''}could not load {what} on {device}"
-    stopped = "The run was stopped before any scenario ran; nothing was written."
+    stopped = NOTHING_WRITTEN
     no_cuda = (
         f"{head}: this torch build has no CUDA support ({_torch_version()}). Install a "
         f"CUDA build of torch, or run on the CPU with --memeval-gpus cpu. {stopped}"
@@ -132,8 +159,7 @@ class EarlyLoad:
         self.state = state
 
     def _wanted(self) -> bool:
-        opt = self.config.option
-        return not (getattr(opt, "collectonly", False) or getattr(opt, "setupplan", False))
+        return not evaluates_nothing(self.config)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -233,6 +259,14 @@ class StartupWatch:
             status, message = parse_worker_error(error)
         if not message.startswith("pytest-memeval:"):
             message = f"worker {wid} failed to start: {message}"
+        journal = self.state.extra.get("journal")
+        if journal:
+            # A replacement worker failed after scenarios ran (the controller opened the
+            # journal at the first record): they are kept, and can be continued.
+            message = message.replace(f" {NOTHING_WRITTEN}", "") + (
+                f" The run was stopped; the scenarios evaluated before are kept in {journal}: "
+                "rerun with --memeval-resume to evaluate only the others."
+            )
         self.state.extra["startup_failure"] = message
         if status == USAGE:
             raise pytest.UsageError(message)

@@ -39,7 +39,6 @@ class MemevalWorker:
         self.config = config
         self.state = state
         self._decoder: Decoder | None = None
-        self._decoder_error: str | None = None
         # Bounded: a scenario's record is dropped once all its items here have run (items
         # are grouped per scenario), and at most RECORD_CACHE_SIZE are kept whatever the order.
         self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -70,19 +69,9 @@ class MemevalWorker:
         return self._decoder
 
     def decoder(self) -> Decoder:
-        if self._decoder_error is not None:
-            pytest.fail(self._decoder_error, pytrace=False)
-        if self._decoder is None:
-            from .model import CheckpointError
-
-            try:
-                self.load_decoder()
-            except CheckpointError as exc:
-                # Every item of this worker would fail the same way: say it once, plainly.
-                self._decoder_error = f"cannot load checkpoint: {exc}"
-                pytest.fail(self._decoder_error, pytrace=False)
-        assert self._decoder is not None
-        return self._decoder
+        """The decoder, loaded already: startup.EarlyLoad loads it before any item runs (or
+        stops the run), so a failure to load never reaches an item."""
+        return self.load_decoder()
 
     def record_for(self, scenario: Scenario) -> dict[str, Any]:
         cached = self._records.get(scenario.id)

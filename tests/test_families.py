@@ -185,8 +185,9 @@ def test_fp32_fast_and_reference_equal_the_plain_loop(family: str, built: Built)
         assert (
             max(len(scenario_prompts(tok, s)[1]) for s in scenarios) > spec.config["sliding_window"]
         )
-        if fast_decoder.stats["generated"]:
-            assert fast_decoder.stats["generated_without_cache"] == fast_decoder.stats["generated"]
+        # Some turn must be generated, or the no-cache check below would pass vacuously.
+        assert fast_decoder.stats["generated"] > 0
+        assert fast_decoder.stats["generated_without_cache"] == fast_decoder.stats["generated"]
     else:
         assert fast_decoder.stats["generated_without_cache"] == 0
 
@@ -420,6 +421,9 @@ def test_overlong_scenarios_evaluated_on_request_are_flagged(
             f"over-long: {len(over)} scenario(s)*; their records say overlong",
         ]
     )
+    # Counted in metrics.json (and recounted), and shown with the run's counts.
+    assert memeval_project.metrics("fam")["overlong"] == len(over) > 0
+    run.stdout.fnmatch_lines([f"overlong: {len(over)}/{len(records)} scenarios were evaluated*"])
     for record in memeval_project.predictions("fam"):
         if record["id"] in over:
             assert record["overlong"] == {"tokens": over[record["id"]], "limit": limit}

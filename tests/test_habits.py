@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from pytest_memeval.progress import Progress, format_duration
+from pytest_memeval.runlayout import promote, resume_target, stranded
 from pytest_memeval.runlock import LOCK_NAME, LockHeld, RunLock, read_holder
 
 from .conftest import MemevalProject, demo_records, write_jsonl
@@ -326,6 +327,183 @@ def test_lock_unit(tmp_path: Path) -> None:
     (run_dir / LOCK_NAME).write_text("garbage", "utf-8")
     with pytest.raises(LockHeld, match="unreadable lock"):
         RunLock.acquire(run_dir)
+
+
+def test_resume_never_rewrites_the_finished_run(memeval_project: MemevalProject) -> None:
+    """--memeval-resume where the newest run is the finished one: nothing to do leaves it as
+    it is; a finished run whose journal lacks a scenario is continued in a copy and promoted;
+    a damaged metrics.json is no finished run (resumed in place, no INTERNALERROR)."""
+    _crafted(memeval_project, n=3)
+    top = memeval_project.run_dir("crafted")
+    assert memeval_project.run("--ckpt", "crafted").ret == 1
+    finished = _snapshot(top)
+
+    nothing = memeval_project.run("--ckpt", "crafted", "--memeval-resume")
+    assert nothing.ret == 0, nothing.stdout.str()
+    nothing.stdout.fnmatch_lines([f"nothing to resume: {top} holds the finished run*"])
+    assert _snapshot(top) == finished, "the finished run was rewritten"
+    assert not (top / "previous").exists() and memeval_project.subsets("crafted") == []
+
+    journal = top / "journal.jsonl"
+    lines = journal.read_text("utf-8").splitlines(keepends=True)
+    journal.write_text("".join(lines[:-1]), "utf-8")  # header + 2 of the 3 records
+    short = _snapshot(top)
+    more = memeval_project.run("--ckpt", "crafted", "--memeval-resume")
+    assert more.ret in (0, 1), more.stdout.str()
+    more.stdout.fnmatch_lines(
+        [
+            "*resumed: 2 scenario(s) taken from the journal, 1 evaluated now",
+            f"run directory: {top}",
+            f"the finished run it replaced is kept in {top / 'previous'}",
+        ]
+    )
+    assert _snapshot(top / "previous") == short
+    assert memeval_project.metrics("crafted")["complete"] is True
+    assert memeval_project.subsets("crafted") == []
+
+    (top / "metrics.json").write_text("{ damaged", "utf-8")
+    repaired = memeval_project.run("--ckpt", "crafted", "--memeval-resume")
+    output = repaired.stdout.str() + repaired.stderr.str()
+    assert repaired.ret == 0 and "INTERNALERROR" not in output, output
+    assert memeval_project.metrics("crafted")["complete"] is True
+    recount = subprocess.run(
+        [sys.executable, "-m", "pytest_memeval.cli", "recount", str(top)],
+        capture_output=True,
+        text=True,
+    )
+    assert recount.returncode == 0, recount.stderr
+
+
+def test_sessions_that_evaluate_nothing_take_no_lock_and_an_unusable_out_is_one_error(
+    memeval_project: MemevalProject,
+) -> None:
+    _crafted(memeval_project, n=2)
+    top = memeval_project.run_dir("crafted")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(top)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        held = (top / LOCK_NAME).read_bytes()
+        for args in (("--fixtures",), ("--markers",), ("--help",), ("--fixtures-per-test",)):
+            shown = memeval_project.run("--ckpt", "crafted", *args)
+            assert shown.ret == 0, (args, shown.stdout.str(), shown.stderr.str())
+            assert "in use by another run" not in shown.stderr.str()
+        assert (top / LOCK_NAME).read_bytes() == held
+        assert sorted(p.name for p in top.iterdir()) == [LOCK_NAME]  # nothing written
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+    blocker = memeval_project.path / "a file"
+    blocker.write_text("", "utf-8")
+    unusable = blocker / "out"
+    result = memeval_project.run("--ckpt", "crafted", "--memeval-out", str(unusable))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(
+        [f"ERROR: pytest-memeval: cannot lock the run directory {unusable} *"]
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_promotion_cut_short_is_kept_and_reported(
+    memeval_project: MemevalProject, tmp_path: Path
+) -> None:
+    def run_files(where: Path, tag: str) -> None:
+        where.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:
+            (where / name).write_text(json.dumps({"created": tag}), "utf-8")
+
+    # In process, a hidden directory with this process's pid (containers recycle pids): a
+    # later promotion picks another name and leaves it alone.
+    run_dir = tmp_path / "run"
+    cut_short = run_dir / f".previous.{os.getpid()}.tmp"
+    run_files(cut_short, "stranded")
+    run_files(run_dir, "top")
+    run_files(run_dir / "subsets" / "20260101T000000Z", "new")
+    assert promote(run_dir / "subsets" / "20260101T000000Z", run_dir) == run_dir / "previous"
+    assert json.loads((cut_short / "metrics.json").read_text("utf-8")) == {"created": "stranded"}
+    assert json.loads((run_dir / "previous" / "metrics.json").read_text("utf-8")) == {
+        "created": "top"
+    }
+    assert json.loads((run_dir / "metrics.json").read_text("utf-8")) == {"created": "new"}
+    assert stranded(run_dir) == [cut_short]
+
+    # A run names it in its header and summary.
+    _crafted(memeval_project, n=2)
+    top = memeval_project.run_dir("crafted")
+    assert memeval_project.run("--ckpt", "crafted").ret == 1
+    left = top / ".previous.4242.tmp"
+    run_files(left, "2026-12-01T10:00:00+00:00")
+    again = memeval_project.run("--ckpt", "crafted")
+    expected = (
+        f"memeval: {left} holds a finished run (created 2026-12-01T10:00:00+00:00) that an "
+        "interrupted promotion left behind; nothing reads it there: move its files back into "
+        f"{top} or {top / 'previous'}, or delete it"
+    )
+    assert again.stdout.lines.count(expected) == 2, again.stdout.str()  # header and summary
+    assert stranded(top) == [left]
+
+
+def test_resume_target_takes_a_damaged_metrics_for_no_finished_run(tmp_path: Path) -> None:
+    (tmp_path / "metrics.json").write_text("{ damaged", "utf-8")
+    (tmp_path / "journal.jsonl").write_text("", "utf-8")
+    assert resume_target(tmp_path) == tmp_path  # no JSONDecodeError (an INTERNALERROR)
+    subset = tmp_path / "subsets" / "20200101T000000Z"
+    subset.mkdir(parents=True)
+    (subset / "journal.jsonl").write_text("", "utf-8")
+    assert resume_target(tmp_path) == subset
+
+
+REPLACEMENT_FAILS_CONFTEST = """
+import os, signal
+from pathlib import Path
+
+import pytest
+
+DIED = Path(os.environ["DIED_FILE"])
+
+
+def pytest_runtest_setup(item):
+    callspec = getattr(item, "callspec", None)
+    sid = callspec.params.get("memeval_scenario") if callspec else None
+    if sid == os.environ.get("KILL_AT") and not DIED.exists():
+        DIED.touch()
+        os.kill(os.getpid(), signal.SIGKILL)  # xdist starts a replacement worker
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_memeval_make_decoder(config, profile, path, device):
+    if DIED.exists():
+        raise OSError("the weights are gone (injected)")  # the replacement cannot load
+"""
+
+
+def test_a_replacement_worker_that_fails_says_where_the_finished_scenarios_are(
+    memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ids = _crafted(memeval_project, n=6)
+    memeval_project.pytester.makeconftest(REPLACEMENT_FAILS_CONFTEST)
+    died = tmp_path / "died"
+    monkeypatch.setenv("DIED_FILE", str(died))
+    monkeypatch.setenv("KILL_AT", ids[-1])
+    result = memeval_project.run("--ckpt", "crafted", "-n", "2")
+    output = result.stdout.str() + result.stderr.str()
+    assert died.exists() and result.ret != 0, output
+    assert "the weights are gone (injected)" in output
+    assert "nothing was written" not in output
+    subset = memeval_project.latest_subset("crafted")
+    journal = subset / "journal.jsonl"
+    assert len(journal.read_text("utf-8").splitlines()) > 1, "records were journaled"
+    assert f"the scenarios evaluated before are kept in {journal}: rerun with --memeval-resume" in (
+        " ".join(output.split())
+    )
+
+    died.unlink()
+    monkeypatch.delenv("KILL_AT")
+    resumed = memeval_project.run("--ckpt", "crafted", "-n", "2", "--memeval-resume")
+    resumed.stdout.fnmatch_lines([f"memeval: resuming the unfinished run in {subset}"])
+    assert memeval_project.metrics("crafted")["complete"] is True
 
 
 # -- progress -------------------------------------------------------------------------------

@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_memeval import merge as merge_module
 from pytest_memeval.cli import main
+from pytest_memeval.controller import format_summary
 from pytest_memeval.metrics import METRICS_SCHEMA_VERSION, Tally
-from pytest_memeval.recount import recount_run
+from pytest_memeval.recount import RecountError, recount_run
 from pytest_memeval.rundir import sha256_file
+from pytest_memeval.runlayout import new_subset_dir
+from pytest_memeval.runlock import RunLock
 from pytest_memeval.sharding import shard_scope, shard_slice
 
 from .conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
@@ -53,8 +58,11 @@ def write_shard(
     n: int,
     *,
     fingerprints: dict[str, str] = FINGERPRINTS,
+    overlong: tuple[str, ...] = (),
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
-    """A finished shard run of ``k``/``n`` as the controller writes it."""
+    """A finished shard run of ``k``/``n`` as the controller writes it (scenarios in
+    ``overlong`` evaluated past the model's context, as --memeval-allow-overlong flags them)."""
     start = all_ids.index(shard_slice(all_ids, k, n)[0])
     records = [
         make_record(
@@ -62,6 +70,9 @@ def write_shard(
         )
         for i, sid in enumerate(shard_slice(all_ids, k, n))
     ]
+    for record in records:
+        if record["id"] in overlong:
+            record["overlong"] = {"tokens": 900, "limit": 512}
     run_dir.mkdir(parents=True)
     predictions = run_dir / "predictions.jsonl"
     predictions.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
@@ -92,6 +103,7 @@ def write_shard(
         "benchmark": {"source": "bench.jsonl"},
         "predictions_sha256": sha256_file(predictions),
         "timing": {"wall_s": 2.0 + k, "scenarios_per_s": 1.0},
+        "overrides": overrides or {},
     }
     (run_dir / "metrics.json").write_text(json.dumps(metrics), "utf-8")
     return run_dir
@@ -187,6 +199,20 @@ def _recount_fails(shards: list[Path]) -> list[Path]:
     return shards
 
 
+def _being_rerun(shards: list[Path]) -> list[Path]:
+    # Shard 2 is being run again: its newer, unfinished run journals in its subsets/.
+    journal = new_subset_dir(shards[1], time.time()) / "journal.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.write_text("", "utf-8")
+    return shards
+
+
+def _other_overrides(shards: list[Path]) -> list[Path]:
+    override = {"adapter": {"value": "/ckpt/other", "profile": "/ckpt/adapter"}}
+    edit_metrics(shards[2], lambda m: m.update(overrides=override))
+    return shards
+
+
 def _overlap(shards: list[Path]) -> list[Path]:
     # Shard 2 re-labelled as shard 1 of the same N: shard 2 is then missing, and shard 1's
     # scenarios... are covered by two runs.
@@ -207,6 +233,8 @@ def _overlap(shards: list[Path]) -> list[Path]:
         (_not_a_shard, "not a shard run"),
         (_edited_predictions, "edited after the run?"),
         (_recount_fails, "fails the recount"),
+        (_being_rerun, "a newer unfinished run of this shard is in "),
+        (_other_overrides, "overrides differs between shards"),
     ],
 )
 def test_merge_refuses_and_writes_nothing(
@@ -241,6 +269,77 @@ def test_merge_does_not_overwrite_a_run_that_is_not_a_merge(
     assert merge(*shards, "-o", crashed) == 1
     assert "holds the journal of an unfinished run" in capsys.readouterr().err
     assert sorted(os.listdir(crashed)) == ["journal.jsonl"]
+    # Unfinished runs are kept in subsets/<time>/ (runlayout.py).
+    busy = tmp_path / "busy"
+    journal = new_subset_dir(busy, time.time()) / "journal.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.write_text("", "utf-8")
+    assert merge(*shards, "-o", busy) == 1
+    err = capsys.readouterr().err
+    assert f"holds the journal of an unfinished run ({journal})" in err
+    assert sorted(os.listdir(busy)) == ["subsets"]
+
+
+def test_merge_checks_out_only_once_it_holds_the_lock(
+    shards: list[Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A pytest run that writes OUT and finishes while the merge checks its shards: the merge
+    sees it (it looks at OUT under the lock) and refuses, instead of replacing it."""
+    out = tmp_path / "merged"
+    acquire = RunLock.acquire.__func__  # type: ignore[attr-defined]
+
+    def run_finishes_first(cls: type[RunLock], run_dir: Path, **kw: Any) -> RunLock:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.json").write_text('{"complete": true}', "utf-8")
+        lock: RunLock = acquire(cls, run_dir, **kw)
+        return lock
+
+    monkeypatch.setattr(RunLock, "acquire", classmethod(run_finishes_first))
+    assert merge(*shards, "-o", out) == 1
+    assert "already holds a run that is not a merge" in capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["metrics.json"]
+
+
+def test_merge_that_fails_while_writing_leaves_nothing(
+    shards: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "merged"
+
+    def disk_full(path: Path, data: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(merge_module, "write_json", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        merge_module.merge_shards(shards, out)
+    assert not out.exists()  # no half-written subsets/<time>/, no lock
+
+
+def test_merge_carries_overrides_and_counts_overlong_scenarios(tmp_path: Path) -> None:
+    override = {"adapter": {"value": "/ckpt/other", "profile": "/ckpt/adapter"}}
+    shards = [
+        write_shard(tmp_path / f"shard-{k}", IDS, k, 3, overlong=("s01", "s05"), overrides=override)
+        for k in (1, 2, 3)
+    ]
+    recount_run(shards[0])
+    # The count is recounted from the records' flags: a wrong claim fails.
+    edit_metrics(shards[0], lambda m: m.update(overlong=0))
+    with pytest.raises(RecountError, match="overlong: metrics say 0, recount gives 1"):
+        recount_run(shards[0])
+    edit_metrics(shards[0], lambda m: m.update(overlong=1))
+
+    out = tmp_path / "merged"
+    assert merge(*shards, "-o", out) == 0
+    metrics = json.loads((out / "metrics.json").read_text("utf-8"))
+    assert metrics["overrides"] == override
+    assert metrics["overlong"] == 2
+    recount_run(out)
+    assert "overlong: 2/7 scenarios were evaluated past the model's context" in (
+        format_summary(metrics)
+    )
+    assert "overlong" not in format_summary({**metrics, "overlong": 0})
 
 
 # -- end to end: the demo checkpoint, unsharded and as 2 shards --------------------------------
