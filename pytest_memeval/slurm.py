@@ -332,14 +332,8 @@ def check_shard(shard_dir: Path, k: int, n: int, pytest_exit: int) -> tuple[int,
     spec = f"{k}/{n}"
     problems: list[str] = []
     run = load_shard(shard_dir, problems) if shard_dir.is_dir() else None
-    newer = unfinished_run(shard_dir) if run is not None else None
-    if newer is not None:
-        # The finished run at the top is an earlier one: this shard was run again since and
-        # did not finish (its journal is in subsets/<time>/).
-        problems.append(
-            f"{shard_dir}: a newer run of this shard did not finish ({newer}; continue it "
-            "with --memeval-resume); the finished run at the top is an earlier one"
-        )
+    # load_shard refuses a finished run at the top with a newer unfinished run beside it (in
+    # subsets/<time>/): that shard was run again since and did not finish.
     if run is not None and str(run.shard.get("spec")) != spec:
         problems.append(f"{shard_dir}: holds shard {run.shard.get('spec')}, not {spec}")
     if pytest_exit not in (0, 1):

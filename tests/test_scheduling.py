@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.ids import IdMap
 from pytest_memeval.scheduler import ScenarioScheduling
 
 from .conftest import MemevalProject, demo_records
@@ -50,7 +51,7 @@ def scenario_of(nodeid: str) -> str:
 def test_chunks_keep_scenarios_whole_and_shrink_at_the_end(pytester: pytest.Pytester) -> None:
     items, ids = collection(10)
     sched = ScenarioScheduling(
-        pytester.parseconfig("--dist", "load", "--tx", "2*popen"), None, ids, chunk=4
+        pytester.parseconfig("--dist", "load", "--tx", "2*popen"), None, IdMap(ids), chunk=4
     )
     nodes = [FakeNode("gw0"), FakeNode("gw1")]
     for node in nodes:
@@ -98,7 +99,7 @@ def test_chunks_keep_scenarios_whole_and_shrink_at_the_end(pytester: pytest.Pyte
 def test_chunk_of_one_is_xdist_loadscope(pytester: pytest.Pytester) -> None:
     items, ids = collection(4)
     sched = ScenarioScheduling(
-        pytester.parseconfig("--dist", "load", "--tx", "1*popen"), None, ids, chunk=1
+        pytester.parseconfig("--dist", "load", "--tx", "1*popen"), None, IdMap(ids), chunk=1
     )
     node = FakeNode("gw0")
     sched.add_node(node)

@@ -33,7 +33,7 @@ from .conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
 pytestmark = pytest.mark.slow
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
-PLACEMENT = ("worker", "device", "decode_s")
+PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
 COUNT_FIELDS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "generated_turns")
 
 
