@@ -30,6 +30,7 @@ __all__ = [
     "PREDICTIONS",
     "Journal",
     "atomic_write",
+    "fsync_dir",
     "read_json",
     "read_predictions",
     "sha256_file",
@@ -46,7 +47,8 @@ PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Sync a directory, so a rename or a new file in it survives a crash."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -88,7 +90,7 @@ def atomic_write(path: Path, chunks: Iterable[str]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -144,7 +146,7 @@ class Journal:
         if header is not None and self._fh.tell() == 0:
             assert JOURNAL_HEADER_KEY in header
             self._write(header)
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
 
     @property
     def is_open(self) -> bool:

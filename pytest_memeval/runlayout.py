@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .rundir import JOURNAL, JOURNAL_PREVIOUS, METRICS, PREDICTIONS, read_json
+from .rundir import JOURNAL, JOURNAL_PREVIOUS, METRICS, PREDICTIONS, fsync_dir, read_json
 
 __all__ = [
     "PREVIOUS",
@@ -128,17 +128,6 @@ def resume_target(run_dir: Path) -> Path | None:
     return run_dir if (run_dir / JOURNAL).is_file() else None
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def stranded(run_dir: Path) -> list[Path]:
     """Hidden ``.previous.<pid>.tmp``/``.old`` directories a crashed :func:`promote` left.
 
@@ -193,7 +182,7 @@ def promote(stage: Path, run_dir: Path) -> Path | None:
         fresh.mkdir()
         for name in present:
             (run_dir / name).replace(fresh / name)
-        _fsync_dir(run_dir)
+        fsync_dir(run_dir)
         kept = run_dir / PREVIOUS
         old = _unused(run_dir, ".old")
         if kept.exists():
@@ -203,7 +192,7 @@ def promote(stage: Path, run_dir: Path) -> Path | None:
     for name in reversed(RUN_FILES):  # metrics.json last
         if (stage / name).is_file():
             (stage / name).replace(run_dir / name)
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     for directory in (stage, stage.parent):
         if directory != run_dir:
             try:
