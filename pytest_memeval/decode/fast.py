@@ -563,6 +563,18 @@ class FastDecoder:
         units = torch.exp2(torch.floor(torch.log2(magnitude)) - bits)
         self.disagreement_ulps[kind].append(float((delta / units).max()))
 
+    def _greedy_kwargs(self) -> dict[str, Any]:
+        """``generate`` settings both of this path's generate calls share (greedy, the
+        reference's stop ids, logits returned for the margin guard)."""
+        return {
+            "do_sample": False,
+            "num_beams": 1,
+            "eos_token_id": list(self.loaded.stop_ids),
+            "pad_token_id": self.loaded.pad_id,
+            "output_logits": True,
+            "return_dict_in_generate": True,
+        }
+
     def _reference_steps(self, ids: Sequence[int]) -> tuple[list[int], list[Any]]:
         """The reference call on ``ids`` (as :func:`~.reference.generate_from`), with its
         per-step fp32 logits."""
@@ -574,12 +586,7 @@ class FastDecoder:
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 max_new_tokens=self.max_new_tokens,
-                do_sample=False,
-                num_beams=1,
-                eos_token_id=list(self.loaded.stop_ids),
-                pad_token_id=self.loaded.pad_id,
-                output_logits=True,
-                return_dict_in_generate=True,
+                **self._greedy_kwargs(),
             )
         new = [int(t) for t in out.sequences[0, input_ids.shape[1] :]]
         return new, [step[0].float() for step in out.logits]
@@ -672,12 +679,7 @@ class FastDecoder:
                 input_ids=input_ids.to(device),
                 attention_mask=mask.to(device),
                 max_new_tokens=budget,
-                do_sample=False,
-                num_beams=1,
-                eos_token_id=list(self.loaded.stop_ids),
-                pad_token_id=self.loaded.pad_id,
-                output_logits=True,
-                return_dict_in_generate=True,
+                **self._greedy_kwargs(),
                 **{self._cache_kw: prefix},
             )
             steps = torch.stack([step.float() for step in out.logits], dim=1)  # rows x steps x V
