@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_memeval.state import workerinput
+from pytest_memeval.runtime.state import workerinput
 
 _TESTS = Path(__file__).parent / "tests"
 

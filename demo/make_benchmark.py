@@ -8,7 +8,7 @@ Writes, under ``--out`` (default ``demo/data``)::
     baseline/train.jsonl baseline/val.jsonl    training-format files, built by the builder
     oracle/train.jsonl   oracle/val.jsonl      (same, door-grounded with the manifest)
 
-The training-format files are produced by running ``pytest_memeval.builders.scene_memory``
+The training-format files are produced by running ``pytest_memeval.core.builders.scene_memory``
 on the task files: this script never renders messages itself.
 
 Usage::
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pytest_memeval.benchmark import dump_record  # noqa: E402
-from pytest_memeval.builders import scene_memory  # noqa: E402
+from pytest_memeval.core.benchmark import dump_record  # noqa: E402
+from pytest_memeval.core.builders import scene_memory  # noqa: E402
 
 OPEN_CONTAINERS = ("counter", "sink", "table", "shelf", "stove")
 DOOR_CONTAINERS = ("cabinet_left", "cabinet_right", "fridge", "drawer", "microwave", "oven")

@@ -138,7 +138,7 @@ def with_queries(record: dict[str, Any], task: Any, rng: random.Random, p: float
     record itself (rendered by the builder) are kept unchanged; only whole question/answer
     pairs are added, re-using the benchmark's own query wording.
     """
-    from pytest_memeval.builders import scene_memory
+    from pytest_memeval.core.builders import scene_memory
 
     msgs = record["messages"]
     chain = record["memory_chain"]
@@ -423,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_tokenizer(tok, data["baseline/val"] + data["oracle/val"])
         log(f"tokenizer: {len(tok)} tokens; prefix/stop/decode properties hold on val")
         sys.path.insert(0, str(ROOT))
-        from pytest_memeval.builders import scene_memory
+        from pytest_memeval.core.builders import scene_memory
 
         tasks = scene_memory.load_tasks(args.data / "tasks_train.jsonl")
         qrng = random.Random(args.seed)

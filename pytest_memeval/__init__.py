@@ -13,9 +13,15 @@ Heavy dependencies (torch, transformers, peft) are imported only when a model is
 
 from __future__ import annotations
 
-from .benchmark import Benchmark, BenchmarkError, Scenario, dump_record, load_jsonl
-from .matching import normalize
-from .recount import RecountError, recount_run
+from pytest_memeval.core.benchmark import (
+    Benchmark,
+    BenchmarkError,
+    Scenario,
+    dump_record,
+    load_jsonl,
+)
+from pytest_memeval.core.matching import normalize
+from pytest_memeval.core.recount import RecountError, recount_run
 
 __version__ = "0.1.0"
 

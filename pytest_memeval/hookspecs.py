@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from .decode import Decoder
-    from .profiles import Profile
+    from pytest_memeval.core.profiles import Profile
+    from pytest_memeval.decode import Decoder
 
 
 @pytest.hookspec(firstresult=True)

@@ -1,7 +1,7 @@
 """Build run directories by hand for the compare, gate and report tests.
 
 The records follow ``scoring.score``'s format and ``metrics.json`` is counted with the
-plugin's own :class:`~pytest_memeval.metrics.Tally`, so the runs pass ``recount_run`` exactly
+plugin's own :class:`~pytest_memeval.core.metrics.Tally`, so the runs pass ``recount_run`` exactly
 like runs the controller writes; the tests then state the expected numbers themselves.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_memeval.metrics import METRICS_SCHEMA_VERSION, Tally
+from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
 
 
 def make_record(

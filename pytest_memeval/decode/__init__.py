@@ -8,22 +8,19 @@ Heavy modules (torch, transformers) are imported by the decoders themselves, laz
 
 from __future__ import annotations
 
-from ._types import Decoder, Rollout, TurnOutput
+from pytest_memeval.decode._types import Decoder, Rollout, TurnOutput
+from pytest_memeval.decode.fast import FastDecoder
+from pytest_memeval.decode.reference import ReferenceDecoder
+from pytest_memeval.model.loading import LoadedModel
 
 __all__ = ["Decoder", "Rollout", "TurnOutput"]
 
 
 def make_model_decoder(path: str, loaded: object, max_new_tokens: int) -> Decoder:
     """The decoder for ``path`` (``fast`` or ``reference``) over a loaded checkpoint."""
-    from ..model import LoadedModel
-
     assert isinstance(loaded, LoadedModel)
     if path == "fast":
-        from .fast import FastDecoder
-
         return FastDecoder(loaded, max_new_tokens)
-    from .reference import ReferenceDecoder
-
     return ReferenceDecoder(loaded, max_new_tokens)
 
 

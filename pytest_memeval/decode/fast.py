@@ -35,11 +35,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..benchmark import Scenario
-from ..model import LoadedModel
-from ..prompts import TurnPrompt, scenario_prompts
-from ._types import Rollout, TurnOutput
-from .reference import decode_new_tokens, generate_from, prompt_tail, reference_rollout
+from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.decode._types import Rollout, TurnOutput
+from pytest_memeval.decode.reference import (
+    decode_new_tokens,
+    generate_from,
+    prompt_tail,
+    reference_rollout,
+)
+from pytest_memeval.model.loading import LoadedModel
+from pytest_memeval.model.prompts import TurnPrompt, scenario_prompts
 
 __all__ = [
     "DEFAULT_ACCELERATOR_BATCH_SIZE",

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..benchmark import Scenario
-from ..model import LoadedModel
-from ..prompts import TurnPrompt, turn_prompts
-from ._types import Rollout, TurnOutput
+from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.decode._types import Rollout, TurnOutput
+from pytest_memeval.model.loading import LoadedModel
+from pytest_memeval.model.prompts import TurnPrompt, turn_prompts
 
 
 def generate_from(

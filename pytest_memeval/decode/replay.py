@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..benchmark import Benchmark, BenchmarkError, Scenario
-from ..profiles import Profile
-from ..rundir import JOURNAL_HEADER_KEY, METRICS
-from ._types import Rollout, TurnOutput
+from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, Scenario
+from pytest_memeval.core.profiles import Profile
+from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, METRICS
+from pytest_memeval.decode._types import Rollout, TurnOutput
 
 __all__ = [
     "STOP_FLAGS_ABSENT",

@@ -1,0 +1,156 @@
+"""Aggregation: per-scenario records -> counts, streamed one record at a time.
+
+The controller feeds records as they arrive; nothing here keeps the records themselves, so a
+5,000-scenario run aggregates in constant memory. :mod:`pytest_memeval.core.recount` recomputes
+the same counts from ``predictions.jsonl`` with separate code, and the two must agree.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_memeval.core.stats import ClusterSums, clustered_rate_with_ci, rate_with_ci
+
+__all__ = [
+    "METRICS_SCHEMA_VERSION",
+    "Tally",
+    "metrics_document",
+    "rate_block",
+    "stop_flags_kind",
+]
+
+#: Version of ``metrics.json``; bump on any incompatible change (docs/results-schema.md).
+METRICS_SCHEMA_VERSION = 1
+
+
+def rate_block(correct: int, total: int) -> dict[str, Any]:
+    """``{"correct", "total", "rate"}``; rate is null when nothing was scored."""
+    return {"correct": correct, "total": total, "rate": (correct / total) if total else None}
+
+
+def stop_flags_kind(without: int, n: int) -> str:
+    """``stop_flags`` of metrics.json: ``present`` (every record says whether each output
+    ended by itself; every model run), ``absent`` (none does: replayed predictions of another
+    harness, so cut-off outputs could not be detected), ``mixed`` (a merge of both)."""
+    if without == 0:
+        return "present"
+    return "absent" if without == n else "mixed"
+
+
+def _interval(block: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: block[k] for k in ("ci95", "ci95_method", "clusters") if k in block}
+
+
+@dataclass
+class Tally:
+    """Running counts over scenario records."""
+
+    n: int = 0
+    m1_correct: int = 0
+    m2_correct: int = 0
+    m2_total: int = 0
+    unaligned: int = 0
+    parse_fail_final: int = 0
+    parse_fail_turns: int = 0
+    generated_turns: int = 0
+    no_stop_flags: int = 0  # records replayed from predictions without stop flags
+    overlong: int = 0  # evaluated past the model's context (--memeval-allow-overlong)
+    by_position: dict[int, list[int]] = field(default_factory=dict)
+    #: m2's turns clustered by scenario (for its interval): integer sums, constant memory.
+    m2_clusters: ClusterSums = field(default_factory=ClusterSums)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        self.n += 1
+        self.m1_correct += bool(record["final_match"])
+        self.parse_fail_final += bool(record["parse_fail"])
+        self.no_stop_flags += record.get("final_stopped") is None
+        self.overlong += record.get("overlong") is not None
+        if not record["aligned"]:
+            self.unaligned += 1
+        scored = right = 0
+        for turn in record["turns"]:
+            self.parse_fail_turns += bool(turn["parse_fail"])
+            self.generated_turns += bool(turn.get("generated", True))
+            if record["aligned"] and turn["match"] is not None:
+                scored += 1
+                right += bool(turn["match"])
+                slot = self.by_position.setdefault(int(turn["index"]), [0, 0])
+                slot[0] += bool(turn["match"])
+                slot[1] += 1
+        self.m2_total += scored
+        self.m2_correct += right
+        if scored:
+            self.m2_clusters = self.m2_clusters.add(right, scored)
+
+    def extend(self, records: Iterable[Mapping[str, Any]]) -> Tally:
+        for record in records:
+            self.add(record)
+        return self
+
+    def counts(self) -> dict[str, Any]:
+        """The count fields of ``metrics.json`` (those the recount must reproduce).
+
+        m1 carries its 95% Wilson interval; m2 its interval clustered by scenario (the turns
+        of one scenario share a scene and a history: they are not independent), with the
+        number of clusters. ``ci95_method`` names the method (docs/statistics.md).
+        """
+        m1 = rate_with_ci(self.m1_correct, self.n)
+        return {
+            "n": self.n,
+            "m1": {**rate_block(self.m1_correct, self.n), **_interval(m1)},
+            "m2": {
+                **rate_block(self.m2_correct, self.m2_total),
+                **_interval(clustered_rate_with_ci(self.m2_correct, self.m2_clusters)),
+            },
+            "unaligned": self.unaligned,
+            "parse_fail": {"final": self.parse_fail_final, "turns": self.parse_fail_turns},
+            "stop_flags": stop_flags_kind(self.no_stop_flags, self.n),
+            "overlong": self.overlong,
+        }
+
+
+def metrics_document(
+    tally: Tally,
+    *,
+    ckpt: Any,
+    kind: Any,
+    complete: bool,
+    scope: Mapping[str, Any],
+    missing: list[str],
+    not_selected: list[str],
+    fingerprints: Mapping[str, Any],
+    decoding: Mapping[str, Any],
+    benchmark: Any,
+    predictions_sha256: str,
+    timing: Mapping[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The ``metrics.json`` of a run (docs/results-schema.md), from its tally and context.
+
+    One builder for every writer (the controller, ``memeval merge``), so the layout cannot
+    drift between a run and a merged run.
+    """
+    return {
+        "schema_version": METRICS_SCHEMA_VERSION,
+        "ckpt": ckpt,
+        "kind": kind,
+        "complete": complete,
+        **tally.counts(),
+        "scope": dict(scope),
+        "missing": missing,
+        "not_selected": not_selected,
+        "m2_by_position": {
+            str(k): {"correct": v[0], "total": v[1]} for k, v in sorted(tally.by_position.items())
+        },
+        "generated_turns": tally.generated_turns,
+        "fingerprints": dict(fingerprints),
+        "decoding": dict(decoding),
+        "benchmark": benchmark,
+        "predictions_sha256": predictions_sha256,
+        "timing": dict(timing),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }

@@ -1,0 +1,215 @@
+"""Independent recount: the metrics again, from ``predictions.jsonl`` alone.
+
+The seed's check ("accuracy recounted from predictions.jsonl equals the harness's metrics")
+as code. This module deliberately shares no counting code with :mod:`pytest_memeval.core.metrics`:
+it re-derives every match from the stored booleans with plain loops, so a bug in the
+aggregate cannot hide behind the same bug in its check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pytest_memeval.core.rundir import sha256_file
+from pytest_memeval.core.stats import ClusterSums, clustered_rate_with_ci, rate_with_ci
+
+__all__ = ["RecountError", "recount_file", "recount_run"]
+
+_CHECKED = ("n", "m1", "m2", "unaligned", "parse_fail")
+#: Interval fields of the m1/m2 blocks: checked where metrics.json has them (runs written
+#: before they existed lack them and still pass).
+_INTERVAL_KEYS = ("ci95", "ci95_method", "clusters")
+
+
+class RecountError(RuntimeError):
+    """``metrics.json`` disagrees with ``predictions.jsonl``, or either is unreadable."""
+
+
+def recount_file(path: Path) -> dict[str, Any]:
+    """Recount the count fields of ``metrics.json`` from a predictions file."""
+    n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
+    with_flags = without_flags = overlong = 0
+    ids: set[str] = set()
+    per_scenario: list[tuple[int, int]] = []  # (right, scored) of each aligned scenario
+    with path.open(encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise RecountError(f"{path}:{lineno}: malformed line") from None
+        if rec["id"] in ids:
+            raise RecountError(f"{path}:{lineno}: scenario {rec['id']!r} appears twice")
+        ids.add(rec["id"])
+        n += 1
+        if rec["final_match"] is True:
+            final_ok += 1
+        if rec["parse_fail"] is True:
+            pf_final += 1
+        if isinstance(rec.get("final_stopped"), bool):
+            with_flags += 1
+        else:
+            without_flags += 1
+        if rec["aligned"] is not True:
+            unaligned += 1
+        if rec.get("overlong") is not None:
+            overlong += 1
+        here_scored = here_ok = 0
+        for turn in rec["turns"]:
+            if turn["parse_fail"] is True:
+                pf_turns += 1
+            if rec["aligned"] is True and turn["match"] is not None:
+                here_scored += 1
+                if turn["match"] is True:
+                    here_ok += 1
+        turn_scored += here_scored
+        turn_ok += here_ok
+        per_scenario.append((here_ok, here_scored))
+    m1_ci = rate_with_ci(final_ok, n)
+    m2_ci = clustered_rate_with_ci(turn_ok, ClusterSums.of(per_scenario))
+    return {
+        "n": n,
+        "m1": {
+            "correct": final_ok,
+            "total": n,
+            "rate": final_ok / n if n else None,
+            "ci95": m1_ci["ci95"],
+            "ci95_method": m1_ci["ci95_method"],
+        },
+        "m2": {
+            "correct": turn_ok,
+            "total": turn_scored,
+            "rate": turn_ok / turn_scored if turn_scored else None,
+            "ci95": m2_ci["ci95"],
+            "ci95_method": m2_ci["ci95_method"],
+            "clusters": m2_ci["clusters"],
+        },
+        "unaligned": unaligned,
+        "parse_fail": {"final": pf_final, "turns": pf_turns},
+        "stop_flags": _stop_flags(with_flags, without_flags),
+        "overlong": overlong,
+    }
+
+
+def _stop_flags(with_flags: int, without_flags: int) -> str:
+    """``present``, ``absent`` or ``mixed``: records with and without ``final_stopped``."""
+    if not without_flags:
+        return "present"
+    return "mixed" if with_flags else "absent"
+
+
+def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[str]:
+    """Human-readable differences between claimed and recounted count fields."""
+    problems = []
+    for key in _CHECKED:
+        mine, theirs = claimed.get(key), recounted.get(key)
+        if key in ("m1", "m2") and isinstance(mine, dict) and isinstance(theirs, dict):
+            # The intervals are checked where claimed; the counts always.
+            theirs = {k: v for k, v in theirs.items() if k not in _INTERVAL_KEYS or k in mine}
+        if mine != theirs:
+            problems.append(f"{key}: metrics say {mine!r}, recount gives {theirs!r}")
+    # Metrics written before the field existed come from runs that always had stop flags.
+    flags = claimed.get("stop_flags", "present")
+    if flags != recounted.get("stop_flags"):
+        problems.append(
+            f"stop_flags: metrics say {flags!r}, recount gives {recounted.get('stop_flags')!r}"
+        )
+    # Metrics written before the field existed: no run could evaluate over-long scenarios.
+    if claimed.get("overlong", 0) != recounted.get("overlong"):
+        problems.append(
+            f"overlong: metrics say {claimed.get('overlong', 0)!r}, "
+            f"recount gives {recounted.get('overlong')!r}"
+        )
+    return problems
+
+
+def _positions(path: Path) -> dict[str, dict[str, int]]:
+    """m2 per turn position, recounted (aligned scenarios only)."""
+    out: dict[str, dict[str, int]] = {}
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if rec["aligned"] is not True:
+                continue
+            for turn in rec["turns"]:
+                if turn["match"] is None:
+                    continue
+                slot = out.setdefault(str(turn["index"]), {"correct": 0, "total": 0})
+                slot["total"] += 1
+                if turn["match"] is True:
+                    slot["correct"] += 1
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def _check_claims(claimed: dict[str, Any], recounted: dict[str, Any], path: Path) -> list[str]:
+    """What else metrics.json claims that readers (compare, report, gate) rely on."""
+    problems = []
+    sha = claimed.get("predictions_sha256")
+    if sha is not None and sha != sha256_file(path):
+        problems.append(
+            f"predictions_sha256: {path.name} is not the file these metrics were written for "
+            "(edited after the run?)"
+        )
+    if "m2_by_position" in claimed and claimed["m2_by_position"] != _positions(path):
+        problems.append("m2_by_position: does not match the recount of the turns")
+    if claimed.get("complete") is True:
+        scope = claimed.get("scope") or {}
+        if claimed.get("missing") or claimed.get("not_selected"):
+            problems.append("complete: true, but scenarios are listed as missing or not selected")
+        if scope.get("shard"):
+            problems.append("complete: true for a shard run")
+        if scope and scope.get("in_scope") != recounted["n"]:
+            problems.append(
+                f"complete: true, but {recounted['n']} records for {scope.get('in_scope')} "
+                "scenarios in scope"
+            )
+    return problems
+
+
+def recount_run(run_dir: Path) -> dict[str, Any]:
+    """Check ``run_dir/metrics.json`` against ``run_dir/predictions.jsonl``; raise on mismatch."""
+    metrics_path, predictions_path = run_dir / "metrics.json", run_dir / "predictions.jsonl"
+    for p in (metrics_path, predictions_path):
+        if not p.is_file():
+            raise RecountError(f"{p}: missing")
+    try:
+        claimed = json.loads(metrics_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RecountError(f"{metrics_path}: malformed ({exc.msg})") from None
+    recounted = recount_file(predictions_path)
+    problems = compare_counts(claimed, recounted)
+    problems += _check_claims(claimed, recounted, predictions_path)
+    if problems:
+        raise RecountError(
+            f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems)
+        )
+    return recounted
+
+
+def cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run_dir", type=Path, help="run directory (metrics.json + predictions.jsonl)"
+    )
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    try:
+        recounted = recount_run(args.run_dir)
+    except (RecountError, OSError, KeyError, TypeError) as exc:
+        print(f"memeval recount: FAIL: {exc}", file=sys.stderr)
+        return 1
+    m1, m2 = recounted["m1"], recounted["m2"]
+    print(
+        f"memeval recount: OK {args.run_dir}: n={recounted['n']} "
+        f"m1={m1['correct']}/{m1['total']} m2={m2['correct']}/{m2['total']} "
+        f"unaligned={recounted['unaligned']} parse_fail={recounted['parse_fail']}"
+    )
+    return 0

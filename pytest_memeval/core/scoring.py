@@ -1,0 +1,78 @@
+"""Scoring: scenario + rollout -> the per-scenario record (one line of ``predictions.jsonl``).
+
+The record is plain JSON data: it travels from the worker to the controller on the test
+report and is the only thing the aggregate, the recount, compare and the reports read.
+Record fields are documented in ``docs/results-schema.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.matching import ParseRules, match_output
+from pytest_memeval.core.records import Rollout
+
+__all__ = ["RECORD_VERSION", "score"]
+
+RECORD_VERSION = 1
+
+
+def score(
+    scenario: Scenario, rollout: Rollout, rules: ParseRules, **context: Any
+) -> dict[str, Any]:
+    """Build the record of ``scenario``.
+
+    m1 is structure-independent: the final answer is scored whether or not the turn structure
+    aligns with ``memory_chain``. Turns of an unaligned scenario are predicted and recorded
+    (``gt`` and ``match`` null, granularity ``unaligned``) but never scored for m2.
+    """
+    n_assistant = len(scenario.assistant_indices)
+    if len(rollout.outputs) != n_assistant:
+        raise ValueError(
+            f"scenario {scenario.id}: decoder returned {len(rollout.outputs)} outputs for "
+            f"{n_assistant} assistant messages"
+        )
+    granularity = scenario.granularity
+    turns: list[dict[str, Any]] = []
+    for t, (k, out) in enumerate(zip(scenario.turn_indices, rollout.outputs[:-1], strict=False)):
+        gt = scenario.turn_gt(t)
+        result = match_output(out.text, gt, stopped=out.stopped, kind="turn", rules=rules)
+        turns.append(
+            {
+                "index": t,
+                "message_index": k,
+                "pred": out.text,
+                "gt": gt,
+                "target": scenario.messages[k]["content"],
+                "match": result.match if gt is not None else None,
+                "parse_fail": result.parse_fail,
+                "stopped": out.stopped,
+                "granularity": granularity,
+                "generated": out.generated,
+            }
+        )
+    final = rollout.outputs[-1]
+    final_result = match_output(
+        final.text, scenario.final_gt, stopped=final.stopped, kind="final", rules=rules
+    )
+    record: dict[str, Any] = {
+        "id": scenario.id,
+        "index": scenario.index,
+        "final_pred": final.text,
+        "final_gt": scenario.final_gt,
+        "final_match": final_result.match,
+        "parse_fail": final_result.parse_fail,
+        "parse_fail_reason": final_result.reason,
+        "final_stopped": final.stopped,
+        "aligned": scenario.aligned,
+        "n_turns": len(scenario.turn_indices),
+        "n_memory_chain": None if scenario.memory_chain is None else len(scenario.memory_chain),
+        "turns": turns,
+        "decode": rollout.path,
+        "prompt_tail": rollout.prompt_tail,
+    }
+    if rollout.notes:
+        record["notes"] = list(rollout.notes)
+    record.update(context)
+    return record

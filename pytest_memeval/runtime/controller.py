@@ -1,0 +1,530 @@
+"""Controller side: gather scenario records from test reports, write and check the run.
+
+Runs in the xdist controller (or the single process without xdist). Records arrive on
+``pytest_runtest_logreport`` from whichever worker ran the scenario; each is appended to the
+run's journal at once (so a crash loses at most the scenarios in flight) and only its offset
+is kept. At session finish the run directory is written in benchmark order, recounted
+independently, and only then is ``metrics.json`` written.
+
+Where the files go (runlayout.py): each run journals into its own ``subsets/<time>/``
+directory and is promoted to the top of the run directory only if it finished, so a subset or
+interrupted run never replaces a finished one. The run directory is locked for the whole
+session (runlock.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_memeval.core.ids import scenario_param
+from pytest_memeval.core.metrics import Tally, metrics_document
+from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
+from pytest_memeval.core.recount import compare_counts, recount_file
+from pytest_memeval.core.rundir import (
+    JOURNAL,
+    METRICS,
+    PREDICTIONS,
+    Journal,
+    atomic_write,
+    sha256_file,
+    write_json,
+)
+from pytest_memeval.core.runlayout import (
+    describe_stranded,
+    finished,
+    new_subset_dir,
+    promote,
+    resume_target,
+    stranded,
+    top_level_run,
+)
+from pytest_memeval.core.runlock import LockHeld, RunLock, describe_holder
+from pytest_memeval.core.sharding import shard_scope
+from pytest_memeval.core.stats import interval_words
+from pytest_memeval.runtime.progress import Progress, ProgressReporter, interval_from
+from pytest_memeval.runtime.resume import (
+    ResumeError,
+    ResumePoint,
+    ResumeSelection,
+    journal_header,
+    resume_point,
+)
+from pytest_memeval.runtime.scheduler import SchedulerPlugin
+from pytest_memeval.runtime.startup import evaluates_nothing
+from pytest_memeval.runtime.state import MemevalState
+
+__all__ = ["MemevalController"]
+
+
+class MemevalController:
+    """Aggregates records across workers and owns the run directory."""
+
+    def __init__(self, config: pytest.Config, state: MemevalState) -> None:
+        self.config = config
+        self.state = state
+        self.run_dir = state.run_dir
+        self.offsets: dict[str, int] = {}
+        self.selected: set[str] | None = None
+        self.metrics: dict[str, Any] | None = None
+        self.problems: list[str] = []
+        #: (scenarios in its forward pass, most per pass) of each written batched record
+        self._batches: list[tuple[int, int]] = []
+        self.notes: list[str] = []
+        self.started = time.time()
+        self.resumed: ResumePoint | None = None
+        #: where this run journals (a new subsets/<time>/, or the unfinished run it resumes)
+        target = resume_target(self.run_dir) if config.getoption("memeval_resume") else None
+        #: a finished top-level run being resumed: never rewritten in place (a failure would
+        #: leave it without metrics); its journal is copied into a new subsets/<time>/ when
+        #: this run has something to add (_begin), and nothing is written otherwise.
+        self.copy_journal: Path | None = None
+        if target == self.run_dir and top_level_run(self.run_dir) is not None:
+            self.copy_journal, target = self.run_dir / JOURNAL, None
+        self.stage = target or new_subset_dir(self.run_dir, self.started)
+        #: hidden directories a crashed promotion left (reported, never touched)
+        self.stranded = stranded(self.run_dir)
+        #: where the finished files ended up, and the finished run a promotion kept
+        self.written: Path | None = None
+        self.kept_previous: Path | None = None
+        self.lock = _take_lock(config, self.run_dir, self.stage)
+        self.journal = Journal(self.copy_journal or self.stage / JOURNAL)
+        self.progress = Progress(interval_from(config))
+        self.progress_reporter = ProgressReporter(self.progress, self._progress_total, config)
+        config.pluginmanager.register(self.progress_reporter, "memeval-progress")
+        if config.getoption("memeval_resume", False):
+            try:
+                self.resumed = resume_point(self.journal, state)
+            except ResumeError as exc:
+                raise pytest.UsageError(str(exc)) from None
+            self.offsets.update(self.resumed.offsets)
+            config.pluginmanager.register(
+                ResumeSelection(self.resumed.done), "memeval-resume-selection"
+            )
+        config.pluginmanager.register(_ReleaseRecords(), "memeval-release-records")
+        if config.pluginmanager.has_plugin("xdist"):
+            config.pluginmanager.register(_XdistSelection(self), "memeval-xdist-selection")
+            config.pluginmanager.register(
+                SchedulerPlugin(state.benchmark.id_map, state.decode_path),
+                "memeval-scheduler",
+            )
+
+    # -- collection: which scenarios this run selected -------------------------------------
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if session.config.pluginmanager.has_plugin("dsession"):
+            return  # xdist controller: workers collect, see _XdistSelection
+        self.selected = {sid for item in session.items if (sid := scenario_param(item))}
+
+    def note_collected(self, nodeids: list[str]) -> None:
+        scope = set(self.state.scope_ids)
+        id_map = self.state.benchmark.id_map  # node ids hold pytest ids, not scenario ids
+        found = {sid for nodeid in nodeids if (sid := id_map.scenario_of(nodeid)) in scope}
+        self.selected = found if self.selected is None else self.selected | found
+
+    # -- records -------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        """Open the journal when this run first has something to keep (not at start: a run
+        that selects no eval item must leave the run directory alone).
+
+        A fresh run journals into a new ``subsets/<time>/`` directory, so no earlier run's
+        file is touched. A resumed run appends to the journal it continues and removes that
+        run's old ``metrics.json`` first: until this run finishes, its directory has no
+        metrics, so a hard kill never leaves the older result looking like this run's.
+        """
+        if self.journal.is_open:
+            return
+        if self.copy_journal is not None:
+            # Byte for byte, so the offsets read from the finished run's journal stay valid.
+            self.stage.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.copy_journal, self.stage / JOURNAL)
+            self.journal = Journal(self.stage / JOURNAL)
+        if self.resumed is not None:
+            (self.stage / METRICS).unlink(missing_ok=True)
+        self.journal.open(truncate=self.resumed is None, header=journal_header(self.state))
+        # Where the records are, for a run stopped later by a failing replacement worker
+        # (startup.StartupWatch): its message must not say that nothing was written.
+        self.state.extra["journal"] = str(self.journal.path)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = getattr(report, "memeval_record", None)
+        if not isinstance(record, dict) or record.get("id") in self.offsets:
+            return
+        sid = record["id"]
+        if sid not in self.state.scenarios:
+            self.problems.append(f"record for unknown scenario {sid!r} from {report.nodeid}")
+            return
+        self._begin()
+        self.offsets[sid] = self.journal.append(record)
+        self.progress_reporter.note()
+        self.config.hook.pytest_memeval_record(config=self.config, record=record)
+
+    def _progress_total(self) -> int | None:
+        """Scenarios this session evaluates (resumed ones excluded), once collection says."""
+        return len(self.selected) if self.selected is not None else None
+
+    # -- finish --------------------------------------------------------------------------
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if evaluates_nothing(session.config):
+            # Nothing was evaluated on purpose: the run directory is not this session's.
+            self.journal.close()
+            return
+        if self.state.extra.get("startup_failure"):
+            # A worker (or this process) could not start or load the model: the run directory
+            # keeps whatever it held (startup.py); records of scenarios evaluated before a
+            # replacement worker failed stay in this run's journal (the message says where).
+            self.journal.close()
+            return
+        wall = time.time() - self.started
+        scope = self.state.scope_ids
+        selected = set(self.selected) if self.selected is not None else set(scope)
+        if self.resumed is not None:
+            selected |= self.resumed.done  # deselected because the journal has them
+        done = [sid for sid in scope if sid in self.offsets]
+        missing_selected = [sid for sid in scope if sid in selected and sid not in self.offsets]
+        not_selected = [sid for sid in scope if sid not in selected]
+        if not done and not missing_selected:
+            self.journal.close()
+            return  # no eval item ran or was selected (e.g. -k picked only plugin tests)
+        if self.copy_journal is not None and not self.journal.is_open and not missing_selected:
+            # --memeval-resume of the finished top-level run, nothing new to evaluate: it
+            # stays as it is.
+            taken = len(self.resumed.offsets) if self.resumed is not None else 0
+            self.notes += [
+                f"resumed: {taken} scenario(s) taken from the journal, 0 evaluated now",
+                f"nothing to resume: {self.run_dir} holds the finished run with every "
+                "selected scenario; it was left as it is",
+            ]
+            if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+                session.exitstatus = pytest.ExitCode.OK
+            return
+        self._begin()
+        self.journal.close()
+
+        predictions = self.stage / PREDICTIONS
+        tally = Tally()
+        self._batches = []
+        atomic_write(predictions, self._predictions_lines(done, tally))
+        recounted = recount_file(predictions)
+        counts = tally.counts()
+        disagreements = compare_counts(counts, recounted)
+        if disagreements:
+            self.problems.append(
+                "recount disagrees with the aggregate: " + "; ".join(disagreements)
+            )
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+            return
+        # A shard is never "complete": its metrics cover a slice, not the benchmark (compare
+        # and the gate refuse it); `memeval merge` makes the complete run from all shards.
+        complete = not missing_selected and not not_selected and self.state.shard is None
+        profile = self.state.profile
+        metrics = metrics_document(
+            tally,
+            ckpt=profile.name,
+            kind=profile.kind,
+            complete=complete,
+            scope={
+                "benchmark_total": len(self.state.benchmark.scenarios),
+                "in_scope": len(scope),
+                "selected": len(scope) - len(not_selected),
+                "evaluated": len(done),
+                "subset": bool(not_selected),
+                "shard": shard_scope(self.state.benchmark.ids, self.state.shard),
+                "resumed": len(self.resumed.offsets) if self.resumed is not None else 0,
+            },
+            missing=missing_selected,
+            not_selected=not_selected,
+            fingerprints=self.state.fingerprints,
+            decoding={
+                **(profile.generation.as_dict() if profile.kind == "model" else {}),
+                "path": self.state.decode_path,
+            },
+            benchmark={"source": self.state.benchmark.source},
+            predictions_sha256=sha256_file(predictions),
+            timing={
+                "wall_s": round(wall, 3),
+                "scenarios_per_s": round(len(done) / wall, 3) if wall > 0 else None,
+                **_batch_timing(self._batches),
+            },
+            # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
+            overrides=self.state.extra.get("overrides", {}),
+        )
+        write_json(self.stage / METRICS, metrics)
+        self.metrics = metrics
+        self.written = self.stage
+        if finished(metrics) and self.stage != self.run_dir:
+            # Only a finished run takes the top level; the one there moves to previous/.
+            self.kept_previous = promote(self.stage, self.run_dir)
+            self.written = self.run_dir
+        self.config.hook.pytest_memeval_run_written(
+            config=self.config, run_dir=self.written, metrics=metrics
+        )
+        if missing_selected and session.exitstatus in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        elif (
+            not missing_selected
+            and self.resumed is not None
+            and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
+        ):
+            # Resuming a journal that already had everything: nothing to run is success.
+            session.exitstatus = pytest.ExitCode.OK
+
+    def _predictions_lines(self, ids: list[str], tally: Tally) -> Iterator[str]:
+        for record in self.journal.read_at(self.offsets[sid] for sid in ids):
+            tally.add(record)
+            if isinstance(record.get("decode_batch"), int):
+                self._batches.append((record["decode_batch"], record["decode_batch_size"]))
+            yield json.dumps(record, ensure_ascii=False) + "\n"
+
+    # -- terminal ------------------------------------------------------------------------
+
+    def pytest_report_header(self) -> list[str]:
+        lines = []
+        stale = self.lock.took_over if self.lock is not None else None
+        if stale:
+            lines.append(_stale_note(stale))
+        if (
+            self.resumed is not None
+            and not self.resumed.fresh
+            and self.copy_journal is None
+            and self.stage != self.run_dir
+        ):
+            lines.append(f"memeval: resuming the unfinished run in {self.stage}")
+        lines.extend(describe_stranded(path) for path in self.stranded)
+        return lines
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        tr = terminalreporter
+        stale = self.lock.took_over if self.lock is not None else None
+        if not (self.metrics or self.problems or stale or self.notes or self.stranded):
+            return
+        tr.section("memeval")
+        if stale:
+            tr.line(_stale_note(stale), yellow=True)
+        for path in self.stranded:
+            tr.line(describe_stranded(path), yellow=True)
+        for problem in self.problems:
+            tr.line(f"ERROR: {problem}", red=True, bold=True)
+        for note in self.notes:
+            tr.line(note)
+        m = self.metrics
+        if not m:
+            return
+        tr.line(format_summary(m))
+        left = len(m["missing"]) + len(m["not_selected"])
+        total = self.progress.done + len(m["missing"])
+        tr.line(self.progress.summary(total, left, float(m["timing"]["wall_s"])))
+        if m.get("overrides"):
+            tr.line(f"overridden on the command line: {describe_overrides(m['overrides'])}")
+        if m["missing"]:
+            shown = ", ".join(m["missing"][:10]) + (" ..." if len(m["missing"]) > 10 else "")
+            tr.line(
+                f"INCOMPLETE: {len(m['missing'])} selected scenario(s) have no result: {shown}",
+                red=True,
+                bold=True,
+            )
+            tr.line(
+                f"the {m['scope']['evaluated']} finished scenario(s) are kept in "
+                f"{self.stage / JOURNAL}; rerun with --memeval-resume to evaluate only "
+                "the missing ones",
+                red=True,
+            )
+        if self.resumed is not None:
+            tr.line(
+                f"resumed: {len(self.resumed.offsets)} scenario(s) taken from the journal, "
+                f"{m['scope']['evaluated'] - len(self.resumed.offsets)} evaluated now"
+            )
+        if m["scope"]["subset"]:
+            s = m["scope"]
+            tr.line(
+                f"subset run: {s['evaluated']} of {s['in_scope']} scenarios selected "
+                "(metrics say complete: false)",
+                yellow=True,
+            )
+        for line in self._placement_lines():
+            tr.line(line, yellow=self.written != self.run_dir)
+
+    def _placement_lines(self) -> list[str]:
+        """Where this run's files are, and what the top of the run directory holds."""
+        if self.written is None:
+            return []
+        if self.written == self.run_dir:
+            lines = [f"run directory: {self.run_dir}"]
+            if self.kept_previous is not None:
+                lines.append(f"the finished run it replaced is kept in {self.kept_previous}")
+            return lines
+        top = top_level_run(self.run_dir)
+        held = (
+            f"{self.run_dir} keeps the finished run of {top.get('created', '?')} "
+            "(compare, the gate and report read that one)"
+            if top is not None
+            else f"{self.run_dir} holds no finished run yet"
+        )
+        return [
+            f"run directory: {self.written} (not finished: written beside the finished run)",
+            held,
+        ]
+
+
+def _take_lock(config: pytest.Config, run_dir: Path, stage: Path) -> RunLock | None:
+    """Lock ``run_dir`` for this session (released at unconfigure, also after a failure or an
+    interrupt), or refuse with a usage error naming the run that holds it.
+
+    ``--collect-only``, ``--setup-plan``, ``--help``, ``--fixtures``, ``--fixtures-per-test``,
+    ``--markers`` and ``--version`` evaluate nothing and take nothing.
+    """
+    if evaluates_nothing(config):
+        return None
+    try:
+        lock = RunLock.acquire(run_dir, writes=stage)
+    except LockHeld as exc:
+        raise pytest.UsageError(str(exc)) from None
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"pytest-memeval: cannot lock the run directory {run_dir} "
+            f"({exc.strerror or exc}); is it writable? (--memeval-out chooses another)"
+        ) from None
+    config.add_cleanup(lock.release)
+    return lock
+
+
+def _stale_note(stale: dict[str, Any]) -> str:
+    where = stale.get("writes")
+    unfinished = (
+        f"; its unfinished run is in {where} (continue it with --memeval-resume)"
+        if where and (Path(where) / JOURNAL).is_file()
+        else ""
+    )
+    return (
+        f"memeval: took over a stale lock of {describe_holder(stale)}, which is no longer "
+        f"running{unfinished}"
+    )
+
+
+def _pct(block: dict[str, Any]) -> str:
+    rate = block["rate"]
+    return f"{block['correct']}/{block['total']} = {rate * 100:.2f}%" if rate is not None else "n/a"
+
+
+def _status(m: dict[str, Any]) -> str:
+    shard = (m.get("scope") or {}).get("shard")
+    if m["complete"]:
+        return "complete"
+    if shard and not m["missing"] and not m["not_selected"]:
+        return f"shard {shard['spec']} complete; merge all shards with memeval merge"
+    return "INCOMPLETE"
+
+
+def _with_ci(line: str, block: dict[str, Any]) -> list[str]:
+    # The interval under the rate, with its method and sample (m2: turns in scenarios).
+    words = interval_words(block)
+    return [line, " " * 16 + words] if words else [line]
+
+
+def _batch_timing(batches: list[tuple[int, int]]) -> dict[str, Any]:
+    """``mean_batch`` (scenarios per forward pass, averaged over scenarios) and ``batch_size``
+    (the most per pass) of the scenarios decoded by a batched pass; empty when none was."""
+    if not batches:
+        return {}
+    return {
+        "mean_batch": round(sum(b for b, _ in batches) / len(batches), 3),
+        "batch_size": max(size for _, size in batches),
+    }
+
+
+def format_summary(m: dict[str, Any]) -> str:
+    """The terminal lines for a metrics dict."""
+    lines = [
+        f"ckpt {m['ckpt']}: {m['n']} scenarios ({_status(m)})",
+        *_with_ci(f"m1 final-query: {_pct(m['m1'])}", m["m1"]),
+        *_with_ci(f"m2 turn-level:  {_pct(m['m2'])}  (aligned scenarios only)", m["m2"]),
+        f"unaligned: {m['unaligned']}/{m['n']}   parse failures: final {m['parse_fail']['final']}, "
+        f"turns {m['parse_fail']['turns']}",
+    ]
+    if m.get("stop_flags", "present") != "present":
+        lines.append(
+            f"stop flags: {m['stop_flags']} in the replayed predictions: cut-off outputs "
+            "could not be detected (parse failures count only empty or off-pattern outputs)"
+        )
+    if m.get("overlong"):
+        lines.append(
+            f"overlong: {m['overlong']}/{m['n']} scenarios were evaluated past the model's "
+            "context (--memeval-allow-overlong): not comparable to a normal result"
+        )
+    timing = m.get("timing") or {}
+    if timing.get("scenarios_per_s") is not None:
+        batch = (
+            f", mean batch {timing['mean_batch']:.1f} of {timing['batch_size']}"
+            if timing.get("mean_batch") is not None
+            else ""
+        )
+        lines.append(
+            f"throughput: {timing['scenarios_per_s']:.2f} scenarios/s "
+            f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')}{batch})"
+        )
+    return "\n".join(lines)
+
+
+class _XdistSelection:
+    """Registered only with xdist: the controller does not collect, its workers report ids;
+    and it hands each worker the plain data it checks against (benchmark, resumed ids)."""
+
+    def __init__(self, controller: MemevalController) -> None:
+        self.controller = controller
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.controller.note_collected(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        # Plain data only. Each worker rebuilds the benchmark itself and checks it got the
+        # same scenarios (a non-deterministic builder would otherwise split silently).
+        node.workerinput["memeval_benchmark_fingerprint"] = (
+            self.controller.state.benchmark.fingerprint
+        )
+        # The whole resolved profile (overrides applied) and the run settings: a worker must
+        # not re-derive them (its own rootdir/ini search can differ, see cmdline.py).
+        state = self.controller.state
+        wi = node.workerinput
+        wi["memeval_profile"] = profile_to_plain(state.profile)
+        wi["memeval_overrides"] = state.extra.get("overrides", {})
+        wi["memeval_run_dir"] = str(state.run_dir)
+        wi["memeval_decode_path"] = state.decode_path
+        spec = getattr(getattr(node, "gateway", None), "spec", None)
+        if spec is not None and getattr(spec, "popen", False) and not getattr(spec, "chdir", None):
+            # Same machine, same working directory: the worker must end up with our setup.
+            config = self.controller.config
+            wi["memeval_rootdir"] = str(config.rootpath)
+            wi["memeval_inifile"] = str(config.inipath) if config.inipath else None
+        # Each worker deselects the same scenarios the controller resumed.
+        resumed = self.controller.resumed
+        if resumed is not None and resumed.offsets:
+            node.workerinput["memeval_resume_done"] = sorted(resumed.offsets)
+
+
+class _ReleaseRecords:
+    """Drops ``memeval_record`` from each report once every plugin has seen it.
+
+    pytest's terminal reporter keeps every report until the session ends; with the record on
+    it, the controller would hold every scenario's record (prompts, outputs) in memory. The
+    record is in the journal by then, and that is where the end of the run reads it from.
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if hasattr(report, "memeval_record"):
+            del report.memeval_record

@@ -1,0 +1,246 @@
+"""The run's state, built once at configure: ``--ckpt`` profile (+ command-line overrides) ->
+benchmark (file or builder hook) -> scope (shard) -> fingerprints, run directory, decode path.
+
+On the controller (or a single process) everything is resolved here and checked before any
+item runs (checkpoint files, replay file, preflight); an xdist worker receives the
+controller's results as plain data in ``workerinput`` and rebuilds only the scenarios.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, from_records, load_jsonl
+from pytest_memeval.core.profiles import (
+    Profile,
+    ProfileError,
+    apply_overrides,
+    profile_from_plain,
+    resolve_profile,
+)
+from pytest_memeval.core.sharding import ShardError, select_shard, shard_dir_name
+from pytest_memeval.decode.replay import load_replay_source, source_fingerprints
+from pytest_memeval.model.checks import (
+    check_adapter_dir,
+    check_adapter_fits,
+    check_model_dir,
+    fingerprint_dir,
+)
+from pytest_memeval.model.preflight import OverlongReport, preflight
+from pytest_memeval.runtime.state import MemevalState, workerinput
+
+__all__ = [
+    "DECODE_PATHS",
+    "REPLAY_SOURCE",
+    "build_state",
+    "controller_profile",
+    "decoding_fingerprint",
+    "load_benchmark",
+    "profiles_file",
+    "run_dir_name",
+    "run_preflight",
+]
+
+DECODE_PATHS = ("fast", "reference")
+#: ``MemevalState.extra`` key of a replay profile's checked predictions (a ReplaySource).
+REPLAY_SOURCE = "replay_source"
+
+
+def profiles_file(config: pytest.Config) -> Path:
+    value = config.getini("memeval_profiles")
+    if value:
+        return (config.rootpath / str(value)).resolve()
+    if config.inipath is not None and config.inipath.name == "pyproject.toml":
+        return config.inipath
+    return config.rootpath / "pyproject.toml"
+
+
+def load_benchmark(config: pytest.Config, profile: Profile) -> Benchmark:
+    """The profile's scenarios, from its JSONL file or its builder hook."""
+    spec = profile.benchmark
+    if spec.path is not None:
+        return load_jsonl(spec.path)
+    assert spec.builder is not None
+    records: Iterable[Mapping[str, Any]] | None = config.hook.pytest_memeval_build_benchmark(
+        config=config, builder=spec.builder, options=spec.options, rootdir=profile.root
+    )
+    if records is None:
+        raise BenchmarkError(
+            f"{profile.source}: [tool.memeval.ckpt.{profile.name}]: no plugin implements "
+            f"benchmark builder {spec.builder!r}"
+        )
+    return from_records(records, f"builder {spec.builder!r} ({profile.name})")
+
+
+def decoding_fingerprint(settings: Mapping[str, Any]) -> str:
+    """Hash of the decoding settings that can change predictions (not the decode path)."""
+    blob = json.dumps(dict(settings), sort_keys=True).encode("utf-8")
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _fingerprints(profile: Profile, benchmark: Benchmark) -> dict[str, str | None]:
+    if profile.kind == "replay":
+        fps = source_fingerprints(profile)
+        return {**fps, "benchmark": benchmark.fingerprint}
+    assert profile.model is not None
+    return {
+        "benchmark": benchmark.fingerprint,
+        "model": fingerprint_dir(profile.model),
+        "adapter": fingerprint_dir(profile.adapter) if profile.adapter else None,
+        "decoding": decoding_fingerprint(profile.generation.as_dict()),
+    }
+
+
+def _cli_path(config: pytest.Config, value: str | None) -> Path | None:
+    """A path given on the command line, relative to where pytest was started."""
+    if not value:
+        return None
+    return (config.invocation_params.dir / Path(value).expanduser()).resolve()
+
+
+def run_dir_name(name: str, overrides: Mapping[str, Mapping[str, str | None]]) -> str:
+    """The run directory name of profile ``name`` with command-line ``overrides``.
+
+    ``oracle`` without overrides; ``oracle@checkpoint-500-1a2b3c4d`` with ``--memeval-adapter
+    .../checkpoint-500`` (the hash of the absolute path keeps ``run-a/checkpoint-500`` and
+    ``run-b/checkpoint-500`` apart), ``oracle@model-base2-...@dtype-bfloat16`` and so on.
+    """
+    parts = [name]
+    for key in ("model", "adapter"):
+        if key in overrides:
+            value = str(overrides[key]["value"])
+            digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:8]
+            label = Path(value).name or "root"
+            parts.append(f"{'model-' if key == 'model' else ''}{label}-{digest}")
+    for key in sorted(k for k in overrides if k.startswith("generation.")):
+        value = str(overrides[key]["value"])
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in value)
+        parts.append(f"{key.split('.', 1)[1]}-{safe}")
+    return "@".join(parts)
+
+
+def controller_profile(
+    config: pytest.Config, name: str
+) -> tuple[Profile, dict[str, dict[str, str | None]]]:
+    """Resolve ``--ckpt NAME`` from the profiles file and apply the command-line overrides.
+
+    Done once, in the controller (or the single process): xdist workers receive the result
+    in ``workerinput`` and never look for a profiles file themselves.
+    """
+    profile = resolve_profile(name, profiles_file(config))
+    return apply_overrides(
+        profile,
+        model=_cli_path(config, config.getoption("memeval_model")),
+        adapter=_cli_path(config, config.getoption("memeval_adapter")),
+        settings=list(config.getoption("memeval_set") or []),
+    )
+
+
+def build_state(config: pytest.Config, name: str) -> MemevalState:
+    wi = workerinput(config)
+    handed = wi.get("memeval_profile") if wi is not None else None
+    if wi is not None and handed is not None:
+        # The controller resolved the profile (and its overrides) once: use exactly that.
+        profile = profile_from_plain(handed)
+        overrides = dict(wi.get("memeval_overrides", {}))
+    else:
+        profile, overrides = controller_profile(config, name)
+        if profile.kind == "model":
+            assert profile.model is not None
+            check_model_dir(profile.model)
+            if profile.adapter is not None:
+                check_adapter_dir(profile.adapter)
+                check_adapter_fits(profile.model, profile.adapter)
+        elif profile.predictions is not None and not profile.predictions.is_file():
+            raise ProfileError(
+                f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "
+                f"{profile.predictions}"
+            )
+    benchmark = load_benchmark(config, profile)
+    scope_ids, shard = benchmark.ids, None
+    if config.getoption("memeval_shard"):
+        try:
+            scope_ids, shard = select_shard(benchmark.ids, config.getoption("memeval_shard"))
+        except ShardError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    extra: dict[str, Any] = {}
+    if profile.kind == "replay":
+        # The whole file against the benchmark, once, before any item: a bad file is one
+        # usage error naming file, line, scenario and field, not an error per item.
+        assert profile.predictions is not None
+        extra[REPLAY_SOURCE] = load_replay_source(profile.predictions, benchmark, scope_ids)
+    out = config.getoption("memeval_out")
+    if wi is not None and wi.get("memeval_run_dir"):
+        run_dir = Path(wi["memeval_run_dir"])
+    elif out:
+        run_dir = _cli_path(config, out) or Path(out).resolve()
+    else:
+        run_dir = config.rootpath / config.getini("memeval_out") / run_dir_name(name, overrides)
+        if shard is not None:
+            run_dir = run_dir / shard_dir_name(*shard)
+    if wi is not None and wi.get("memeval_decode_path"):
+        decode = str(wi["memeval_decode_path"])
+    else:
+        decode = config.getoption("memeval_decode") or config.getini("memeval_decode")
+    if decode not in (*DECODE_PATHS, "replay"):
+        raise pytest.UsageError(f"memeval_decode must be one of {DECODE_PATHS}, got {decode!r}")
+    if wi is not None and wi.get("memeval_benchmark_fingerprint") not in (
+        None,
+        benchmark.fingerprint,
+    ):
+        raise BenchmarkError(
+            f"{benchmark.source}: this worker built different scenarios than the controller "
+            "(a builder is not deterministic?)"
+        )
+    overlong: dict[str, dict[str, int]] = {}
+    if profile.kind == "model" and wi is None:
+        # Once, on the controller, before any item runs or any worker loads weights.
+        overlong = run_preflight(config, profile, benchmark, scope_ids)
+    elif wi is not None:
+        overlong = dict(wi.get("memeval_overlong", {}))
+    fingerprints: dict[str, str | None] = (
+        {"benchmark": benchmark.fingerprint}
+        if wi is not None
+        else _fingerprints(profile, benchmark)
+    )
+    if overlong:
+        extra["overlong"] = overlong
+    state = MemevalState(
+        profile=profile,
+        benchmark=benchmark,
+        scope_ids=scope_ids,
+        run_dir=run_dir,
+        decode_path="replay" if profile.kind == "replay" else str(decode),
+        fingerprints=fingerprints,
+        shard=shard,
+        extra=extra,
+    )
+    state.extra["overrides"] = overrides
+    return state
+
+
+def run_preflight(
+    config: pytest.Config, profile: Profile, benchmark: Benchmark, scope_ids: list[str]
+) -> dict[str, dict[str, int]]:
+    """Template errors and over-long scenarios, before the run (:mod:`.preflight`); returns
+    the over-long scenarios the user allowed (id -> tokens, limit)."""
+    assert profile.model is not None
+    allow = config.getoption("memeval_allow_overlong")
+    if allow is None:
+        allow = bool(config.getini("memeval_allow_overlong"))
+    by_id = benchmark.by_id()
+    result = preflight(
+        profile.model,
+        [by_id[sid] for sid in scope_ids],
+        max_new_tokens=profile.generation.max_new_tokens,
+        allow_overlong=bool(allow),
+    )
+    if result.overlong:
+        config.pluginmanager.register(OverlongReport(result), "memeval-overlong")
+    return result.overlong_records()

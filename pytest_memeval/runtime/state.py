@@ -1,0 +1,97 @@
+"""Run state kept in ``config.stash``, and the one typed accessor for xdist's workerinput.
+
+Only plain data crosses processes: the controller puts strings and numbers into
+``workerinput`` (see :class:`MemevalWorkerInput`): the resolved profile itself, so a worker
+never looks for the profiles file; each worker loads the benchmark that profile names and
+checks the fingerprint it computes against the controller's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict, cast
+
+import pytest
+
+from pytest_memeval.core.benchmark import Benchmark, Scenario
+from pytest_memeval.core.profiles import Profile
+
+__all__ = [
+    "STATE_KEY",
+    "MemevalState",
+    "MemevalWorkerInput",
+    "is_worker",
+    "worker_id",
+    "workerinput",
+]
+
+
+class MemevalWorkerInput(TypedDict, total=False):
+    """What the controller hands each worker in ``pytest_configure_node``."""
+
+    memeval_benchmark_fingerprint: str
+    #: the worker's CUDA_VISIBLE_DEVICES value ("5", "MIG-...") or "cpu" (device_binding.py)
+    memeval_device: str
+    memeval_torch_threads: int  # torch threads: the worker's share of the cores
+    #: --memeval-expect: the known-failure item names, read once on the controller (gate.py)
+    memeval_known_failures: list[str]
+    memeval_known_failures_source: str
+    memeval_resume_done: list[str]  # --memeval-resume: scenario ids the journal has
+    #: the profile the controller resolved, overrides applied (profiles.profile_to_plain):
+    #: workers never look for the profiles file themselves
+    memeval_profile: dict[str, Any]
+    #: what --memeval-model/--memeval-adapter/--memeval-set changed (profiles.apply_overrides)
+    memeval_overrides: dict[str, dict[str, str | None]]
+    memeval_run_dir: str  # the controller's run directory
+    memeval_decode_path: str  # fast, reference or replay (option or ini, read once)
+    #: the controller's rootdir and config file (None: none), which every worker must share
+    memeval_rootdir: str
+    memeval_inifile: str | None
+    #: --memeval-allow-overlong: id -> {"tokens", "limit"} of those past the context (preflight.py)
+    memeval_overlong: dict[str, dict[str, int]]
+    #: set by xdist itself: the controller's sys.argv (the user's own command line)
+    mainargv: list[str]
+
+
+def workerinput(config: pytest.Config) -> MemevalWorkerInput | None:
+    """This worker's input from the controller, or ``None`` outside an xdist worker."""
+    raw = getattr(config, "workerinput", None)
+    return cast(MemevalWorkerInput, raw) if raw is not None else None
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return workerinput(config) is not None
+
+
+def worker_id(config: pytest.Config) -> str:
+    """``gw0``, ``gw1``... under xdist; ``master`` otherwise (xdist's own convention)."""
+    raw = getattr(config, "workerinput", None)
+    if raw is None:
+        return "master"
+    return str(raw.get("workerid", os.environ.get("PYTEST_XDIST_WORKER", "master")))
+
+
+@dataclass
+class MemevalState:
+    """Everything the plugin knows about the current run, built in ``pytest_configure``."""
+
+    profile: Profile
+    benchmark: Benchmark
+    scope_ids: list[str]
+    run_dir: Path
+    decode_path: str
+    fingerprints: dict[str, str | None]
+    shard: tuple[int, int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scenarios(self) -> dict[str, Scenario]:
+        cached = self.extra.get("_by_id")
+        if cached is None:
+            cached = self.extra["_by_id"] = self.benchmark.by_id()
+        return cast(dict[str, Scenario], cached)
+
+
+STATE_KEY = pytest.StashKey[MemevalState]()

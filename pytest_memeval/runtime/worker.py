@@ -1,0 +1,245 @@
+"""Worker side: decode scenarios, cache their records, attach them to test reports.
+
+Runs in every xdist worker, or in the single process without xdist. The record of a scenario
+is computed once, by whichever of its items runs first, and rides on each of its items' call
+reports as ``report.memeval_record`` (plain JSON data, serialised by xdist with the report).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.ids import scenario_param
+from pytest_memeval.core.scoring import score
+from pytest_memeval.runtime.devices import device_label, worker_device
+from pytest_memeval.runtime.state import MemevalState, is_worker, worker_id
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
+
+    from pytest_memeval.decode import Decoder
+
+RECORD_KEY = pytest.StashKey[dict[str, Any]]()
+
+#: Most scenario records one process keeps at a time (see MemevalWorker._records).
+RECORD_CACHE_SIZE = 64
+
+#: Most scenarios handed to ``Decoder.prefetch`` at once (see MemevalWorker._prefetch).
+PREFETCH_SIZE = 16
+
+
+class MemevalWorker:
+    """Per-process evaluation state: the lazily built decoder and the records computed here."""
+
+    def __init__(self, config: pytest.Config, state: MemevalState) -> None:
+        self.config = config
+        self.state = state
+        self._decoder: Decoder | None = None
+        # Bounded: a scenario's record is dropped once all its items here have run (items
+        # are grouped per scenario), and at most RECORD_CACHE_SIZE are kept whatever the order.
+        self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._pending: dict[str, int] = {}
+        self.device = "unassigned"
+        self.device_label = "unassigned"  # what records note, e.g. "cuda:0 (physical 5)"
+        self._items: list[pytest.Item] = []
+        self._run_order: list[str] | None = None  # scenario ids in run order (no xdist)
+        self._run_rank: dict[str, int] = {}
+        self._decode_share: dict[str, float] = {}  # prefetch seconds per prefetched scenario
+
+    def load_decoder(self) -> Decoder:
+        """Build this process's decoder now (loads the model); errors propagate as they are.
+
+        Called before any item runs (startup.EarlyLoad), which turns a failure into one
+        message that stops the run.
+        """
+        if self._decoder is None:
+            self.device = worker_device(self.config)
+            self.device_label = device_label(self.config, self.device)
+            self._decoder = self.config.hook.pytest_memeval_make_decoder(
+                config=self.config,
+                profile=self.state.profile,
+                path=self.state.decode_path,
+                device=self.device,
+            )
+        assert self._decoder is not None
+        return self._decoder
+
+    def decoder(self) -> Decoder:
+        """The decoder, loaded already: startup.EarlyLoad loads it before any item runs (or
+        stops the run), so a failure to load never reaches an item."""
+        return self.load_decoder()
+
+    def record_for(self, scenario: Scenario) -> dict[str, Any]:
+        cached = self._records.get(scenario.id)
+        if cached is not None:
+            return cached
+        decoder = self.decoder()
+        self._prefetch(decoder, scenario)
+        started = time.perf_counter()
+        rollout = decoder.rollout(scenario)
+        batched = (
+            {"decode_batch": rollout.batch, "decode_batch_size": rollout.batch_size}
+            if rollout.batch_size
+            else {}
+        )
+        record = score(
+            scenario,
+            rollout,
+            self.state.profile.parse,
+            worker=worker_id(self.config),
+            device=self.device_label,
+            decode_s=round(
+                time.perf_counter() - started + self._decode_share.pop(scenario.id, 0.0), 6
+            ),
+            **batched,
+        )
+        overlong = self.state.extra.get("overlong", {}).get(scenario.id)
+        if overlong is not None:
+            # Evaluated past the model's context on request (preflight.py): say so on the
+            # record itself, so no reader of predictions.jsonl takes it for a normal result.
+            record["overlong"] = dict(overlong)
+        self._records[scenario.id] = record
+        while len(self._records) > RECORD_CACHE_SIZE:
+            self._records.popitem(last=False)  # recomputed (deterministically) if needed again
+        return record
+
+    def _prefetch(self, decoder: Decoder, scenario: Scenario) -> None:
+        """Let the decoder batch ``scenario`` with the scenarios this process runs next.
+
+        Only scenarios that certainly run here: without xdist the session's own item order;
+        under xdist the items the controller has already sent to this worker (with the
+        fast path, the scenario scheduler sends a batch's worth of scenarios at once). The
+        prefetch time is split evenly
+        over the batch, so each record's ``decode_s`` still adds up to the decoding time.
+        """
+        if scenario.id in self._decode_share:
+            return
+        upcoming = [scenario.id]
+        for sid in self._upcoming(scenario.id):
+            if len(upcoming) >= PREFETCH_SIZE:
+                break
+            if sid not in upcoming and sid in self._pending and sid not in self._records:
+                upcoming.append(sid)
+        if len(upcoming) < 2:
+            return
+        by_id = self.state.scenarios
+        started = time.perf_counter()
+        try:
+            decoder.prefetch([by_id[sid] for sid in upcoming])
+        except Exception:
+            # A failing batch must not fail its neighbours: each scenario is then decoded on
+            # its own, and only one that fails there too loses its result (an error item).
+            self._decode_share.update(dict.fromkeys(upcoming, 0.0))
+            return
+        share = (time.perf_counter() - started) / len(upcoming)
+        self._decode_share.update(dict.fromkeys(upcoming, share))
+
+    def _upcoming(self, current: str) -> list[str]:
+        """Scenario ids of the items this process will run after ``current``'s, in order."""
+        if is_worker(self.config):
+            indices = _xdist_pending(self.config)
+            ids = (scenario_param(self._items[i]) for i in indices if 0 <= i < len(self._items))
+            return [sid for sid in ids if sid is not None]
+        if self._run_order is None:
+            self._run_rank = {}
+            for item in self._items:
+                sid = scenario_param(item)
+                if sid is not None:
+                    self._run_rank.setdefault(sid, len(self._run_rank))
+            self._run_order = list(self._run_rank)
+        rank = self._run_rank.get(current)
+        if rank is None:
+            return []
+        return self._run_order[rank + 1 : rank + 4 * PREFETCH_SIZE]
+
+    def attach(self, item: pytest.Item, record: dict[str, Any]) -> None:
+        item.stash[RECORD_KEY] = record
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, Any, None]:
+        outcome = yield
+        report = outcome.get_result()
+        record = item.stash.get(RECORD_KEY, None)
+        if record is not None and report.when == "call":
+            report.memeval_record = record
+            # The session keeps every item to the end: do not let each one pin its record.
+            del item.stash[RECORD_KEY]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # On an xdist worker the report has been sent to the controller by now (xdist's own
+        # logreport runs before trylast ones); pytest keeps every report to the end of the
+        # session, so drop the record from it. (The controller does the same after
+        # journaling, see controller._ReleaseRecords.)
+        if is_worker(self.config) and hasattr(report, "memeval_record"):
+            del report.memeval_record
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Count this process's items per scenario (after any deselection)."""
+        self._pending.clear()
+        self._items = session.items
+        self._run_order = None
+        for item in session.items:
+            sid = scenario_param(item)
+            if sid is not None:
+                self._pending[sid] = self._pending.get(sid, 0) + 1
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, None]:
+        yield
+        sid = scenario_param(item)
+        if sid is None:
+            return
+        left = self._pending.get(sid, 1) - 1
+        if left > 0:
+            self._pending[sid] = left
+        else:
+            # Every item of this scenario has run here: its record lives on in the journal.
+            self._pending.pop(sid, None)
+            self._records.pop(sid, None)
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Keep each scenario's items adjacent, so its rollout is used while it is fresh and
+        xdist's scheduler can hand the whole scenario to one worker."""
+        order: dict[str, int] = {}
+        first_eval: int | None = None
+        keyed: list[tuple[int, int, pytest.Item]] = []
+        for pos, item in enumerate(items):
+            sid = scenario_param(item)
+            if sid is None:
+                keyed.append((pos, 0, item))
+                continue
+            if first_eval is None:
+                first_eval = pos
+            rank = order.setdefault(sid, len(order))
+            # Eval items keep their block's position (the first eval item's), grouped by
+            # scenario in first-seen order; other items keep theirs.
+            keyed.append((first_eval, rank * 1_000_000 + pos, item))
+        items[:] = [item for _, _, item in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+def _xdist_pending(config: pytest.Config) -> list[int]:
+    """Indices (into ``session.items``) of the items xdist has queued on this worker.
+
+    xdist has no public API for this: read its worker loop's queue defensively, and return
+    nothing (no prefetch; results are unaffected) if it is not there.
+    """
+    for plugin in config.pluginmanager.get_plugins():
+        queue = getattr(plugin, "torun", None)
+        if queue is None or not hasattr(queue, "lock") or not hasattr(plugin, "nextitem_index"):
+            continue
+        try:
+            with queue.lock() as items:
+                pending = [i for i in items if isinstance(i, int)]
+        except Exception:  # a changed xdist internal: no prefetch, never a failure
+            return []
+        nxt = plugin.nextitem_index
+        return ([nxt] if isinstance(nxt, int) else []) + pending
+    return []

@@ -1,0 +1,408 @@
+"""``memeval merge SHARD_DIR... -o OUT``: the N shard runs of ``--memeval-shard K/N`` -> one run.
+
+The seed's "loud abort", as a command: shards are merged only if every one of them is a
+finished shard run that passes the recount, together they are shards 1..N of the same N,
+cover every scenario of the benchmark exactly once, and agree on the checkpoint and on every
+fingerprint (benchmark, model, adapter, decoding). Otherwise the command lists every problem
+(missing shard, duplicated scenario, mismatched fingerprint, unfinished shard...), exits 1
+and writes nothing. The merged run is a complete run like an unsharded one: predictions in
+benchmark order, metrics aggregated with :class:`~pytest_memeval.core.metrics.Tally` and checked
+by the independent recount before ``metrics.json`` is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally, metrics_document
+from pytest_memeval.core.recount import RecountError, compare_counts, recount_file, recount_run
+from pytest_memeval.core.rundir import (
+    JOURNAL,
+    METRICS,
+    PREDICTIONS,
+    atomic_write,
+    read_json,
+    read_predictions,
+    sha256_file,
+    write_json,
+)
+from pytest_memeval.core.runlayout import SUBSETS, new_subset_dir, promote, resume_target
+from pytest_memeval.core.runlock import LockHeld, RunLock
+
+__all__ = ["MergeError", "ShardRun", "cli_arguments", "cli_main", "load_shard", "merge_shards"]
+
+_SHOW = 10
+
+
+class MergeError(Exception):
+    """The shard runs cannot be merged; ``problems`` says every reason."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+@dataclass
+class ShardRun:
+    """One shard run directory, read and checked on its own."""
+
+    path: Path
+    metrics: dict[str, Any]
+    shard: dict[str, Any]
+    ids: list[str]
+    indices: list[Any]
+
+    @property
+    def name(self) -> str:
+        return f"shard {self.shard.get('spec')} ({self.path})"
+
+    @property
+    def k(self) -> int:
+        return int(self.shard["index"])
+
+
+def _ids(ids: Sequence[str]) -> str:
+    shown = ", ".join(ids[:_SHOW])
+    return shown + (f" ... (+{len(ids) - _SHOW} more)" if len(ids) > _SHOW else "")
+
+
+def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
+    """Read ``path`` as a finished shard run; append what is wrong with it to ``problems``."""
+    if not path.is_dir():
+        problems.append(f"{path}: not a directory")
+        return None
+    if not (path / METRICS).is_file():
+        # Unfinished runs are kept in subsets/<time>/ (runlayout.py), older versions left
+        # their journal at the top.
+        unfinished = (path / JOURNAL).is_file() or any((path / SUBSETS).glob(f"*/{JOURNAL}"))
+        hint = (
+            " (its journal exists: the shard run did not finish; rerun it with --memeval-resume)"
+            if unfinished
+            else ""
+        )
+        problems.append(f"{path}: no {METRICS}: not a finished run{hint}")
+        return None
+    newer = resume_target(path)
+    if newer is not None and newer != path:
+        # The shard is being re-run (or that re-run was stopped): its finished run at the
+        # top is not the one the user is working on.
+        problems.append(
+            f"{path}: a newer unfinished run of this shard is in {newer}; finish it "
+            "(pytest --memeval-resume) or remove that directory before merging"
+        )
+        return None
+    try:
+        recount_run(path)
+        metrics = read_json(path / METRICS)
+        records = list(read_predictions(path / PREDICTIONS))
+    except RecountError as exc:
+        problems.append(f"{path}: fails the recount: {exc}")
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problems.append(f"{path}: unreadable run: {exc}")
+        return None
+    if not isinstance(metrics, dict):
+        problems.append(f"{path / METRICS}: not a metrics object")
+        return None
+    # predictions_sha256 was checked by recount_run above.
+    shard = (metrics.get("scope") or {}).get("shard")
+    if not isinstance(shard, dict):
+        problems.append(
+            f"{path}: not a shard run (its metrics have no scope.shard); merge takes the runs "
+            "of pytest --memeval-shard K/N"
+        )
+        return None
+    run = ShardRun(
+        path=path,
+        metrics=metrics,
+        shard=shard,
+        ids=[str(r["id"]) for r in records],
+        indices=[r.get("index") for r in records],
+    )
+    missing = list(metrics.get("missing") or [])
+    if missing:
+        problems.append(
+            f"{run.name}: incomplete, {len(missing)} scenario(s) have no result: {_ids(missing)}"
+        )
+    not_selected = list(metrics.get("not_selected") or [])
+    if not_selected:
+        problems.append(
+            f"{run.name}: only part of the shard was selected (-k or a deselection); "
+            f"not run: {_ids(not_selected)}"
+        )
+    size = int(shard.get("size", -1))
+    if len(run.ids) != size:
+        problems.append(f"{run.name}: has {len(run.ids)} record(s), the shard has {size}")
+    elif run.ids and (run.ids[0] != shard.get("first") or run.ids[-1] != shard.get("last")):
+        problems.append(
+            f"{run.name}: records run {run.ids[0]} .. {run.ids[-1]}, the shard is "
+            f"{shard.get('first')} .. {shard.get('last')}"
+        )
+    expected = list(range(int(shard.get("start", 0)), int(shard.get("stop", 0))))
+    if all(isinstance(i, int) for i in run.indices) and run.indices != expected[: len(run.indices)]:
+        problems.append(
+            f"{run.name}: records are not benchmark positions {shard.get('start')}.."
+            f"{int(shard.get('stop', 0)) - 1} in order"
+        )
+    return run
+
+
+def _agree(runs: Sequence[ShardRun], what: str, value: Any, problems: list[str]) -> None:
+    """One problem line when ``value(run)`` differs between runs, naming each run's value."""
+    values = [value(r) for r in runs]
+    if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
+        detail = "; ".join(f"{r.name}: {v}" for r, v in zip(runs, values, strict=True))
+        problems.append(f"{what} differs between shards: {detail}")
+
+
+def _settings(metrics: dict[str, Any]) -> dict[str, Any]:
+    decoding = dict(metrics.get("decoding") or {})
+    decoding.pop("path", None)  # fast and reference give the same predictions by contract
+    return decoding
+
+
+def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
+    """Cross-checks: same N, same checkpoint and fingerprints, shards 1..N each once, every
+    scenario exactly once."""
+    if not runs:
+        return
+    _agree(runs, "metrics schema_version", lambda r: r.metrics.get("schema_version"), problems)
+    if any(r.metrics.get("schema_version") != METRICS_SCHEMA_VERSION for r in runs):
+        problems.append(
+            f"shards were written with another metrics schema than this version "
+            f"({METRICS_SCHEMA_VERSION}) of pytest-memeval"
+        )
+    _agree(runs, "number of shards N", lambda r: r.shard.get("count"), problems)
+    _agree(runs, "benchmark size", lambda r: r.shard.get("benchmark_total"), problems)
+    _agree(runs, "checkpoint profile", lambda r: r.metrics.get("ckpt"), problems)
+    _agree(runs, "profile kind", lambda r: r.metrics.get("kind"), problems)
+    keys = sorted({k for r in runs for k in (r.metrics.get("fingerprints") or {})})
+    for key in keys:
+        _agree(
+            runs,
+            f"{key} fingerprint",
+            lambda r, key=key: (r.metrics.get("fingerprints") or {}).get(key),
+            problems,
+        )
+    _agree(runs, "decoding settings", lambda r: _settings(r.metrics), problems)
+    # --memeval-model/--memeval-adapter/--memeval-set: the merged run says what it overrode.
+    _agree(runs, "overrides", lambda r: r.metrics.get("overrides") or {}, problems)
+
+    n = runs[0].shard.get("count")
+    if not isinstance(n, int) or any(r.shard.get("count") != n for r in runs):
+        return  # numbering is meaningless across different N; already reported
+    given = Counter(r.k for r in runs)
+    for k, times in sorted(given.items()):
+        if times > 1:
+            where = ", ".join(str(r.path) for r in runs if r.k == k)
+            problems.append(f"shard {k}/{n} given {times} times: {where}")
+    absent = [f"{k}/{n}" for k in range(1, n + 1) if k not in given]
+    if absent:
+        problems.append(f"missing shard(s): {', '.join(absent)} (no run directory given for them)")
+
+    seen: dict[str, ShardRun] = {}
+    duplicated: list[str] = []
+    for r in sorted(runs, key=lambda r: r.k):
+        for sid in r.ids:
+            first = seen.setdefault(sid, r)
+            if first is not r:
+                duplicated.append(f"{sid} ({first.path} and {r.path})")
+    if duplicated:
+        problems.append(
+            f"{len(duplicated)} scenario(s) appear in more than one shard: {_ids(duplicated)}"
+        )
+    total = runs[0].shard.get("benchmark_total")
+    if not absent and not duplicated and isinstance(total, int) and len(seen) != total:
+        problems.append(f"the shards hold {len(seen)} scenario(s), the benchmark has {total}")
+
+
+def _merged_lines(runs: Sequence[ShardRun], tally: Tally) -> Iterator[str]:
+    for run in runs:
+        for record in read_predictions(run.path / PREDICTIONS):
+            tally.add(record)
+            yield json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
+    """Merge the shard runs in ``paths`` into the run directory ``out``; returns its metrics.
+
+    Raises :class:`MergeError` (and writes nothing) unless the shards make exactly one
+    complete run.
+    """
+    problems: list[str] = []
+    out = out.resolve()
+    runs = []
+    for path in paths:
+        run = load_shard(Path(path).resolve(), problems)
+        if run is not None:
+            runs.append(run)
+    if not paths:
+        problems.append("no shard run directory given")
+    check_shards(runs, problems)
+    if problems:
+        raise MergeError(problems + _out_problems(out, runs))
+
+    try:
+        # Locked before ``out`` is checked: a pytest run that writes it between the check
+        # and the merge would otherwise be replaced without being looked at.
+        lock = RunLock.acquire(out)
+    except LockHeld as exc:
+        raise MergeError([f"-o {out}: {exc}"]) from None
+    except OSError as exc:
+        raise MergeError([f"-o {out}: cannot lock it ({exc.strerror or exc})"]) from None
+    try:
+        problems = _out_problems(out, runs)
+        if not problems:
+            return _write_merged(runs, out)
+    finally:
+        lock.release()  # also removes ``out`` if the lock made it and it is empty
+    raise MergeError(problems)
+
+
+def _out_problems(out: Path, runs: Sequence[ShardRun]) -> list[str]:
+    """Why the merge must not be written to ``out``."""
+    if any(out == r.path for r in runs):
+        return [f"-o {out}: is one of the shard runs; choose another directory"]
+    problems = []
+    if (out / METRICS).is_file():
+        try:
+            previous = read_json(out / METRICS)
+        except (OSError, ValueError):
+            previous = None
+        if not (isinstance(previous, dict) and previous.get("merged_from")):
+            problems.append(
+                f"-o {out}: already holds a run that is not a merge; refusing to overwrite it"
+            )
+    unfinished = resume_target(out)
+    if unfinished is not None and (unfinished != out or not (out / METRICS).is_file()):
+        problems.append(
+            f"-o {out}: holds the journal of an unfinished run ({unfinished / JOURNAL}); "
+            "refusing to mix a merge into it"
+        )
+    return problems
+
+
+def _write_merged(runs: list[ShardRun], out: Path) -> dict[str, Any]:
+    runs.sort(key=lambda r: r.k)
+    # Written beside the top level, then promoted like a finished pytest run: an earlier
+    # merge there moves to previous/, and nothing is half-replaced if this one fails.
+    stage = new_subset_dir(out, time.time())
+    stage.mkdir(parents=True)
+    try:
+        metrics = _stage_merged(runs, stage)
+    except BaseException:
+        # Nothing half-written is left behind (the stage is this merge's own directory).
+        shutil.rmtree(stage, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            stage.parent.rmdir()
+        raise
+    promote(stage, out)
+    return metrics
+
+
+def _stage_merged(runs: list[ShardRun], stage: Path) -> dict[str, Any]:
+    """Write the merged predictions and metrics into ``stage``; returns the metrics."""
+    predictions = stage / PREDICTIONS
+    tally = Tally()
+    atomic_write(predictions, _merged_lines(runs, tally))
+    counts = tally.counts()
+    disagreements = compare_counts(counts, recount_file(predictions))
+    if disagreements:  # pragma: no cover - the recount and Tally disagree: a bug, not input
+        predictions.unlink()
+        raise MergeError(
+            ["recount disagrees with the merged aggregate: " + "; ".join(disagreements)]
+        )
+
+    first = runs[0].metrics
+    total = tally.n
+    walls = [(r.metrics.get("timing") or {}).get("wall_s") for r in runs]
+    wall = max((w for w in walls if isinstance(w, (int, float))), default=None)
+    paths_used = sorted({str((r.metrics.get("decoding") or {}).get("path")) for r in runs})
+    scope = {
+        "benchmark_total": total,
+        "in_scope": total,
+        "selected": total,
+        "evaluated": total,
+        "subset": False,
+        "shard": None,
+        "resumed": sum(int((r.metrics.get("scope") or {}).get("resumed") or 0) for r in runs),
+    }
+    metrics = metrics_document(
+        tally,
+        ckpt=first.get("ckpt"),
+        kind=first.get("kind"),
+        complete=True,
+        scope=scope,
+        missing=[],
+        not_selected=[],
+        fingerprints=first.get("fingerprints") or {},
+        decoding={**(first.get("decoding") or {}), "path": ",".join(paths_used)},
+        benchmark=first.get("benchmark"),
+        predictions_sha256=sha256_file(predictions),
+        timing={
+            # Shards run side by side: the merged run took as long as its slowest shard.
+            "wall_s": wall,
+            "scenarios_per_s": round(total / wall, 3) if wall else None,
+            "shard_wall_s": walls,
+        },
+        merged_from=[
+            {
+                "shard": r.shard.get("spec"),
+                "dir": str(r.path),
+                "n": len(r.ids),
+                "first": r.shard.get("first"),
+                "last": r.shard.get("last"),
+                "predictions_sha256": r.metrics.get("predictions_sha256"),
+            }
+            for r in runs
+        ],
+        # Every shard has the same (check_shards), and a run without says {}.
+        overrides=first.get("overrides") or {},
+    )
+    write_json(stage / METRICS, metrics)
+    return metrics
+
+
+def cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "shards",
+        nargs="+",
+        type=Path,
+        metavar="SHARD_DIR",
+        help="the run directories of pytest --memeval-shard 1/N .. N/N",
+    )
+    parser.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        required=True,
+        metavar="OUT",
+        help="run directory to write the merged run to (metrics.json + predictions.jsonl)",
+    )
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    try:
+        metrics = merge_shards(args.shards, args.out)
+    except MergeError as exc:
+        print("memeval merge: refusing to merge, nothing written:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    m1, m2 = metrics["m1"], metrics["m2"]
+    print(
+        f"memeval merge: OK {len(metrics['merged_from'])} shards -> {args.out}: "
+        f"n={metrics['n']} m1={m1['correct']}/{m1['total']} m2={m2['correct']}/{m2['total']} "
+        f"unaligned={metrics['unaligned']} parse_fail={metrics['parse_fail']}"
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""End-to-end tests: pytester or subprocess pytest runs, real model loads, real services."""

@@ -1,0 +1,534 @@
+"""Model families as users run them: Llama-3, Qwen2.5, Mistral, Gemma, Phi, GPT-2 shapes.
+
+Each family is a tiny committed checkpoint (``tests/family_checkpoints/``, rebuilt by
+``python -m tests.families``: the real transformers architecture, a byte-level BPE tokenizer,
+a chat template modelled on the family's published one); adapters are built per session.
+Every case is checked against a plain per-turn ``generate`` loop
+written here, independently of the plugin: the chat template applied by
+``apply_chat_template``, ``model.generate`` with the checkpoint's own generation config, the
+new tokens decoded without special tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_memeval.core.benchmark import Scenario, from_records
+from pytest_memeval.decode.fast import FastDecoder
+from pytest_memeval.decode.reference import ReferenceDecoder
+from pytest_memeval.model.checks import check_adapter_fits, fingerprint_dir
+from pytest_memeval.model.loading import LoadedModel, load_model
+from pytest_memeval.model.preflight import context_limit, preflight
+from pytest_memeval.model.prompts import scenario_prompts
+
+from ..conftest import BASE_MODEL, EVAL_MODULE, MemevalProject, write_jsonl
+from ..families import (
+    CHECKPOINTS,
+    FAMILIES,
+    LLAMA3_TEMPLATE,
+    QWEN_THINKING_TEMPLATE,
+    build_adapter,
+    copy_family,
+    edit_json,
+    family_records,
+)
+
+MAX_NEW = 16
+Outputs = list[tuple[str, bool]]
+
+
+class Built:
+    """The committed family checkpoints, and their adapters (built on first use)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._adapters: dict[str, Path] = {}
+
+    def model(self, name: str) -> Path:
+        path = CHECKPOINTS / name
+        assert (path / "model.safetensors").is_file(), "rebuild with python -m tests.families"
+        return path
+
+    def adapter(self, name: str) -> Path:
+        """The family's LoRA adapter (its ``lora_targets`` and ``modules_to_save``)."""
+        if name not in self._adapters:
+            family = FAMILIES[name]
+            self._adapters[name] = build_adapter(
+                self.model(name),
+                self.root / "adapters" / name,
+                family.lora_targets,
+                family.modules_to_save,
+                fan_in_fan_out=name == "gpt2",
+            )
+        return self._adapters[name]
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The fixtures; and every module they need imported now, before any test's pytester
+    takes its sys.modules snapshot (modules first imported inside such a test are dropped at
+    its end, and torch and numpy cannot be imported twice in one process)."""
+    import peft  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    for name in FAMILIES:
+        AutoTokenizer.from_pretrained(str(CHECKPOINTS / name))
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(CHECKPOINTS / name)))
+    return Built(tmp_path_factory.mktemp("families"))
+
+
+def scenarios_of(records: Sequence[dict[str, Any]]) -> list[Scenario]:
+    return list(from_records(records, "family test").scenarios)
+
+
+def val_records(name: str, n: int) -> list[dict[str, Any]]:
+    return family_records(FAMILIES[name], "baseline", "val", n)
+
+
+# --------------------------------------------------------------------------- the plain loop
+def load_plain(model_dir: Path, adapter: Path | None = None, dtype: str = "float32") -> Any:
+    """The model as a user loads it by hand (no pytest-memeval code)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=getattr(torch, dtype), attn_implementation="eager"
+    )
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    return model.eval(), tok
+
+
+def plain_loop(model: Any, tok: Any, messages: Sequence[dict[str, str]]) -> Outputs:
+    """One greedy ``generate`` per assistant message from its teacher-forced history; the
+    generation config's eos ids stop it (generate's default)."""
+    import torch
+
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    outputs = []
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        enc = tok.apply_chat_template(
+            list(messages[:k]), add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=MAX_NEW, do_sample=False)
+        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        stopped = bool(new) and new[-1] in eos_ids
+        outputs.append(
+            (tok.decode(new[:-1] if stopped else new, skip_special_tokens=True), stopped)
+        )
+    return outputs
+
+
+def rollout_outputs(rollout: Any) -> Outputs:
+    return [(o.text, o.stopped) for o in rollout.outputs]
+
+
+def record_outputs(record: dict[str, Any]) -> Outputs:
+    return [(t["pred"], t["stopped"]) for t in record["turns"]] + [
+        (record["final_pred"], record["final_stopped"])
+    ]
+
+
+# --------------------------------------------------------------------------- decoders, dtypes
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest, built: Built) -> Iterator[str]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    built.model(request.param)
+    yield request.param
+    torch.set_num_threads(threads)
+
+
+def test_fp32_fast_and_reference_equal_the_plain_loop(family: str, built: Built) -> None:
+    """fp32: the plain loop, the reference decoder and the fast decoder agree turn by turn;
+    where the family stops on an eos id the tokenizer does not call eos, the loop (and so
+    the plugin) stopped on it."""
+    model_dir = built.model(family)
+    scenarios = scenarios_of(val_records(family, 3))
+    model, tok = load_plain(model_dir)
+    expected = [plain_loop(model, tok, s.messages) for s in scenarios]
+    loaded = load_model(model_dir, None)
+    reference = [rollout_outputs(ReferenceDecoder(loaded, MAX_NEW).rollout(s)) for s in scenarios]
+    fast_decoder = FastDecoder(loaded, MAX_NEW)
+    fast = [rollout_outputs(r) for r in fast_decoder.decode(scenarios)]
+    assert reference == expected
+    assert fast == expected
+    stopped = sum(stop for turns in expected for _, stop in turns)
+    assert stopped > 0, "the fixture never stops: it proves nothing about stop ids"
+    spec = FAMILIES[family]
+    extra_stops = set(spec.stop) - {spec.eos}
+    if extra_stops:
+        # The loaded stop ids are the generation config's list, not the tokenizer's eos...
+        assert len(loaded.stop_ids) == len(spec.stop)
+        assert loaded.tokenizer.eos_token_id in loaded.stop_ids
+        # ... and the fixture's turns do end on an id that only the list names.
+        turn_end = tok.convert_tokens_to_ids(sorted(extra_stops)[-1])
+        assert any(turn_end in p.ids for p in scenario_prompts(tok, scenarios[0])[0])
+    if spec.config.get("sliding_window"):
+        # Conversations longer than the window: the sliding-window cache cannot be cut
+        # into prefixes, so generated turns take the documented no-cache route.
+        assert (
+            max(len(scenario_prompts(tok, s)[1]) for s in scenarios) > spec.config["sliding_window"]
+        )
+        # Some turn must be generated, or the no-cache check below would pass vacuously.
+        assert fast_decoder.stats["generated"] > 0
+        assert fast_decoder.stats["generated_without_cache"] == fast_decoder.stats["generated"]
+    else:
+        assert fast_decoder.stats["generated_without_cache"] == 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16bit_fast_equals_reference(family: str, built: Built, dtype: str) -> None:
+    """bfloat16 and float16: the fast path's predictions equal the reference path's (the
+    margin guard sends the many 16-bit near ties to real generation)."""
+    scenarios = scenarios_of(val_records(family, 2))
+    loaded = load_model(built.model(family), None, dtype=dtype)
+    assert loaded.model.dtype == getattr(__import__("torch"), dtype)
+    reference = [rollout_outputs(ReferenceDecoder(loaded, MAX_NEW).rollout(s)) for s in scenarios]
+    decoder = FastDecoder(loaded, MAX_NEW)
+    assert [rollout_outputs(r) for r in decoder.decode(scenarios)] == reference
+    assert decoder.stats["turns"] == sum(len(r) for r in reference)
+
+
+# --------------------------------------------------------------------------- BOS
+@pytest.mark.parametrize("name", ["llama3", "mistral", "gemma"])
+def test_exactly_one_bos_when_template_and_tokenizer_both_add_it(name: str, built: Built) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(built.model(name)))
+    bos = tok.bos_token_id
+    assert tok("x")["input_ids"][0] == bos, "the fixture's tokenizer must add BOS on encode"
+    assert "bos_token" in tok.chat_template, "the fixture's template must write BOS itself"
+    prompts, full = scenario_prompts(tok, scenarios_of(val_records(name, 1))[0])
+    for ids in [full, *(p.ids for p in prompts)]:
+        assert ids[0] == bos and ids.count(bos) == 1
+
+
+def test_token_guard_flags_a_doubled_bos_in_a_users_profile(
+    pytester: pytest.Pytester, built: Built
+) -> None:
+    """A user's template that writes BOS on top of one the base template writes: the token
+    guard on the user's own profile fails, naming the scenario and the doubled token."""
+    model = copy_family(
+        built.model("llama3"),
+        Path(pytester.path) / "my-llama",
+        template="{{ bos_token }}" + LLAMA3_TEMPLATE,
+    )
+    write_jsonl(Path(pytester.path) / "val.jsonl", val_records("llama3", 2))
+    pytester.makefile(
+        ".toml",
+        pyproject=textwrap.dedent(
+            f"""
+            [tool.pytest.ini_options]
+            addopts = "-p no:cacheprovider -p no:randomly"
+
+            [tool.memeval.ckpt.mine]
+            model = "{model.as_posix()}"
+            benchmark = "val.jsonl"
+
+            [tool.memeval.guards.mine]
+            """
+        ),
+    )
+    pytester.makepyfile(
+        test_guards="from pytest_memeval.guard_tests import test_prompt_prefix  # noqa: F401\n"
+    )
+    result = pytester.runpytest_subprocess("test_guards.py")
+    result.assert_outcomes(failed=2)
+    text = result.stdout.str()
+    assert (
+        "mine scenario 's0001': the prompt of turn 0 (messages[2]) starts with a doubled BOS "
+        "token (0 '<|begin_of_text|>' twice)"
+    ) in text
+
+
+# --------------------------------------------------------------------------- templates
+def write_project(
+    project: MemevalProject,
+    model: Path,
+    records: Sequence[dict[str, Any]],
+    *,
+    adapter: Path | None = None,
+    dtype: str = "float32",
+    ini: str = "",
+) -> None:
+    write_jsonl(project.path / "bench.jsonl", records)
+    adapter_line = f'adapter = "{adapter.as_posix()}"' if adapter else ""
+    project.pytester.makefile(
+        ".toml",
+        pyproject=textwrap.dedent(
+            f"""
+            [tool.pytest.ini_options]
+            addopts = "-p no:cacheprovider -p no:randomly"
+            {ini}
+
+            [tool.memeval.ckpt.fam]
+            model = "{model.as_posix()}"
+            {adapter_line}
+            benchmark = "bench.jsonl"
+            generation = {{ max_new_tokens = {MAX_NEW}, dtype = "{dtype}" }}
+            """
+        ),
+    )
+    project.pytester.makepyfile(test_eval=EVAL_MODULE)
+
+
+def test_gemma_template_rejecting_the_system_role_is_one_error_before_the_run(
+    memeval_project: MemevalProject, built: Built
+) -> None:
+    records = family_records(FAMILIES["llama3"], "baseline", "val", 3)  # with system messages
+    write_project(memeval_project, built.model("gemma"), records)
+    result = memeval_project.run("--ckpt", "fam")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = result.stderr.str() + result.stdout.str()
+    assert text.count("System role not supported") == 1
+    assert "rejects 3 of 3 scenario(s); nothing was evaluated" in text
+    assert "'s0001'" in text and "'s0003'" in text
+    assert "Traceback" not in text
+    assert not (memeval_project.path / "runs").exists()
+
+
+def test_mistral_alternation_error_names_the_one_bad_scenario(
+    memeval_project: MemevalProject, built: Built
+) -> None:
+    records = val_records("mistral", 3)
+    messages = records[1]["messages"]
+    # Two user messages in a row: Mistral v1's template refuses the conversation.
+    bad = {**records[1], "id": "odd one/ü", "messages": [messages[0], *messages]}
+    write_project(memeval_project, built.model("mistral"), [records[0], bad, records[2]])
+    result = memeval_project.run("-n", "2", "--ckpt", "fam")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = result.stderr.str() + result.stdout.str()
+    assert "rejects 1 of 3 scenario(s)" in text
+    assert "Conversation roles must alternate user/assistant/user/assistant/..." in text
+    assert "'odd one/ü'" in text and "'s0001'" not in text
+    assert "Traceback" not in text
+
+
+def test_reasoning_template_breaks_the_prefix_property_and_the_fast_path_falls_back(
+    built: Built, tmp_path: Path
+) -> None:
+    """Earlier turns lose their ``<think>`` block in history while the generation prompt opens
+    one: multi-turn scenarios fall back to the reference path (and say why), a single-turn
+    scenario keeps the fast path; every output equals the plain loop."""
+    model_dir = copy_family(
+        built.model("qwen2.5"), tmp_path / "thinking", template=QWEN_THINKING_TEMPLATE
+    )
+    records = val_records("qwen2.5", 2)
+    single = {
+        "id": "single",
+        "messages": [records[0]["messages"][0], *records[0]["messages"][-2:]],
+    }
+    scenarios = scenarios_of([*records, single])
+    model, tok = load_plain(model_dir)
+    expected = [plain_loop(model, tok, s.messages) for s in scenarios]
+    loaded = load_model(model_dir, None)
+    fast = FastDecoder(loaded, MAX_NEW).decode(scenarios)
+    reference = [ReferenceDecoder(loaded, MAX_NEW).rollout(s) for s in scenarios]
+    assert [rollout_outputs(r) for r in fast] == expected
+    assert [rollout_outputs(r) for r in reference] == expected
+    for rollout in fast[:2]:
+        assert (
+            rollout.notes and "is not a token prefix of the whole conversation" in rollout.notes[0]
+        )
+    assert not fast[2].notes
+
+
+# --------------------------------------------------------------------------- context length
+def test_context_limit_reads_config_and_tokenizer(built: Built, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    gpt2 = copy_family(built.model("gpt2"), tmp_path / "gpt2")
+    edit_json(gpt2 / "config.json", n_positions=300)
+    limit = context_limit(gpt2, AutoTokenizer.from_pretrained(str(gpt2)))
+    assert limit is not None and limit.tokens == 300 and "n_positions" in limit.source
+    edit_json(gpt2 / "tokenizer_config.json", model_max_length=200)
+    limit = context_limit(gpt2, AutoTokenizer.from_pretrained(str(gpt2)))
+    assert limit is not None and limit.tokens == 200 and "model_max_length" in limit.source
+
+
+def overlong_setup(built: Built, where: Path) -> tuple[Path, list[dict[str, Any]], int]:
+    """A Llama-3 copy built for fewer positions than some scenarios need; returns it, the
+    records and the limit (between the shortest and the longest scenario)."""
+    model = copy_family(built.model("llama3"), where / "short-llama")
+    records = val_records("llama3", 4)
+    lengths = sorted(
+        len(scenario_prompts(load_plain_tokenizer(model), s)[1]) for s in scenarios_of(records)
+    )
+    limit = (lengths[0] + lengths[-1]) // 2
+    edit_json(model / "config.json", max_position_embeddings=limit)
+    return model, records, limit
+
+
+def load_plain_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def test_overlong_scenarios_are_refused_before_the_run(
+    memeval_project: MemevalProject, built: Built
+) -> None:
+    model, records, limit = overlong_setup(built, memeval_project.path)
+    scenarios = scenarios_of(records)
+    result = preflight(model, scenarios, max_new_tokens=MAX_NEW, allow_overlong=True)
+    over = {o.scenario_id: o.tokens for o in result.overlong}
+    assert over and len(over) < len(records) and all(n > limit for n in over.values())
+    write_project(memeval_project, model, records)
+    run = memeval_project.run("--ckpt", "fam")
+    assert run.ret == pytest.ExitCode.USAGE_ERROR
+    text = run.stderr.str() + run.stdout.str()
+    assert f"longer than the model's context of {limit} tokens" in text
+    assert "max_position_embeddings" in text and "--memeval-allow-overlong" in text
+    for sid, tokens in over.items():
+        assert f"'{sid}' ({tokens} tokens)" in text
+    assert not (memeval_project.path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_overlong_scenarios_evaluated_on_request_are_flagged(
+    memeval_project: MemevalProject, built: Built
+) -> None:
+    model, records, limit = overlong_setup(built, memeval_project.path)
+    over = {
+        o.scenario_id: o.tokens
+        for o in preflight(
+            model, scenarios_of(records), max_new_tokens=MAX_NEW, allow_overlong=True
+        ).overlong
+    }
+    write_project(memeval_project, model, records, ini="memeval_allow_overlong = true")
+    run = memeval_project.run("-n", "2", "--ckpt", "fam")
+    assert run.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+    run.stdout.fnmatch_lines(
+        [
+            f"memeval: WARNING: {len(over)} scenario(s) longer than the model's context of "
+            f"{limit} tokens*",
+            f"over-long: {len(over)} scenario(s)*; their records say overlong",
+        ]
+    )
+    # Counted in metrics.json (and recounted), and shown with the run's counts.
+    assert memeval_project.metrics("fam")["overlong"] == len(over) > 0
+    run.stdout.fnmatch_lines([f"overlong: {len(over)}/{len(records)} scenarios were evaluated*"])
+    for record in memeval_project.predictions("fam"):
+        if record["id"] in over:
+            assert record["overlong"] == {"tokens": over[record["id"]], "limit": limit}
+        else:
+            assert "overlong" not in record
+
+
+# --------------------------------------------------------------------------- adapters
+ADAPTER_CASES = ["llama3", "qwen2.5", "phi", "gpt2", "demo-neox"]
+
+
+@pytest.mark.parametrize("name", ADAPTER_CASES)
+def test_lora_adapters_on_each_module_naming_load_and_apply(
+    name: str, built: Built, tmp_path: Path
+) -> None:
+    """q_proj/v_proj (+ embed_tokens or lm_head saved whole), Phi-3's fused qkv_proj, GPT-2's
+    Conv1D c_attn (fan_in_fan_out) and GPT-NeoX's fused query_key_value: the pre-run fit check
+    accepts each, peft applies it, and it changes predictions."""
+    import torch
+    from safetensors.torch import load_file
+
+    if name == "demo-neox":
+        model_dir = BASE_MODEL
+        # The demo model is trained for longer (larger logits): a full-size random adapter.
+        adapter = build_adapter(model_dir, tmp_path / "neox", ["query_key_value"], scale=1.0)
+        family = None
+    else:
+        model_dir, adapter, family = built.model(name), built.adapter(name), FAMILIES[name]
+    check_adapter_fits(model_dir, adapter)
+    scenario = scenarios_of(val_records(name if family else "llama3", 1))[0]
+    base = load_model(model_dir, None)
+    tuned = load_model(model_dir, adapter)
+    base_out = rollout_outputs(ReferenceDecoder(base, MAX_NEW).rollout(scenario))
+    tuned_out = rollout_outputs(ReferenceDecoder(tuned, MAX_NEW).rollout(scenario))
+    assert tuned_out != base_out
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    full_copies = [k for k in saved if "lora_" not in k]
+    wanted = family.modules_to_save if family else ()
+    assert {k.split(".")[-2] for k in full_copies} == set(wanted)
+    params = dict(tuned.model.named_parameters())
+    for key in full_copies:
+        module = key.removeprefix("base_model.model.").rsplit(".", 1)[0]
+        active = params[f"base_model.model.{module}.modules_to_save.default.weight"]
+        original = params[f"base_model.model.{module}.original_module.weight"]
+        assert torch.equal(active, saved[key]) and not torch.equal(active, original)
+
+
+# --------------------------------------------------------------------------- end to end
+# (family, decode path, xdist workers, with its adapter): every family in a real pytest run,
+# both decode paths, with and without xdist, compared with the plain loop.
+E2E = [
+    ("llama3", "fast", 2, True),
+    ("llama3", "reference", 0, True),
+    ("qwen2.5", "fast", 0, True),
+    ("qwen2.5", "reference", 2, True),
+    ("mistral", "fast", 2, False),
+    ("gemma", "fast", 0, False),
+    ("phi", "fast", 0, True),
+    ("gpt2", "fast", 2, True),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "decode", "workers", "with_adapter"),
+    E2E,
+    ids=[f"{n}-{d}-n{w}" for n, d, w, _ in E2E],
+)
+def test_plugin_run_predicts_what_the_plain_loop_predicts(
+    memeval_project: MemevalProject,
+    built: Built,
+    name: str,
+    decode: str,
+    workers: int,
+    with_adapter: bool,
+) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model_dir = built.model(name)
+    adapter = built.adapter(name) if with_adapter else None
+    records = val_records(name, 4)
+    model, tok = load_plain(model_dir, adapter)
+    expected = {r["id"]: plain_loop(model, tok, r["messages"]) for r in records}
+    torch.set_num_threads(threads)
+    write_project(memeval_project, model_dir, records, adapter=adapter)
+    run = memeval_project.run("-n", str(workers), "--ckpt", "fam", "--memeval-decode", decode)
+    assert run.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), run.stdout.str()
+    predictions = memeval_project.predictions("fam")
+    assert [r["id"] for r in predictions] == list(expected)
+    for record in predictions:
+        assert record["decode"] == decode
+        assert record_outputs(record) == expected[record["id"]], record["id"]
+    metrics = memeval_project.metrics("fam")
+    assert metrics["fingerprints"]["model"] == fingerprint_dir(model_dir)
+    assert metrics["fingerprints"]["adapter"] == (fingerprint_dir(adapter) if adapter else None)
+    assert sum(stop for turns in expected.values() for _, stop in turns) > 0
+
+
+def test_fixture_loader_agrees_with_plugin_loader(built: Built) -> None:
+    """The loaded stop ids are the generation config's list, which differs from the
+    tokenizer's eos for these families (what the stop-id cases rely on)."""
+    for name in ("llama3", "qwen2.5", "gemma", "phi"):
+        loaded: LoadedModel = load_model(built.model(name), None)
+        config = json.loads((built.model(name) / "generation_config.json").read_text("utf-8"))
+        assert list(loaded.stop_ids) == config["eos_token_id"]
+        assert [loaded.tokenizer.eos_token_id] != config["eos_token_id"]

@@ -1,0 +1,96 @@
+"""The report page in a real browser: headless Chromium (Debian's ``chromium`` package).
+
+``--dump-dom`` prints the DOM after the page's scripts ran: what a reader would see. It shows
+that our search script runs (under the page's Content-Security-Policy) while the markup a
+prediction carries stays text and never runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_memeval.tools.cli import main
+
+from ..unit.test_report import INJECTED, Page, injected_runs
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="headless Chromium is not installed (apt-get install chromium; .ci/run installs it)",
+)
+
+
+def _chromium(*args: str, tmp: Path) -> str:
+    assert CHROMIUM is not None
+    env = dict(os.environ, HOME=str(tmp))  # a throwaway profile; no writes to the real home
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={tmp / 'profile'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def page_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("browser")
+    a, b = injected_runs(tmp)
+    out = tmp / "report.html"
+    assert main(["report", str(a), str(b), "-o", str(out)]) == 0
+    return out
+
+
+def test_browser_shows_text_and_runs_no_injected_script(page_file: Path, tmp_path: Path) -> None:
+    dom = Page(_chromium("--dump-dom", page_file.as_uri(), tmp=tmp_path))
+    titles = [t for t in dom.text if "memeval report" in t]
+    assert titles and titles[0] == "memeval report: base vs cand<b>"  # <title> not 'pwned'
+    assert not [attrs for tag, attrs in dom.tags if attrs.get("id") == "pwned" or tag == "img"]
+    visible = "".join(dom.text)
+    assert visible.count(INJECTED) == 2  # shown as the characters the model produced
+    # Our script did run: it counted the rows.
+    assert "3 of 3 scenarios shown" in visible
+    rows = [attrs for tag, attrs in dom.tags if tag == "tr" and "scn" in (attrs.get("class") or "")]
+    assert [r["id"] for r in rows] == ["s-s1", "s-s2", "s-s3"]
+    assert not any("hidden" in r for r in rows)
+    # Both runs 2/3: s3 fixed, s2 broken; McNemar on 1 vs 1 gives p = 1.
+    # (each run's m1 shows in the table and in its chart's tooltip)
+    assert visible.count("2/3 = 66.67%") == 4 and "+0.00 pp (+0 scenarios)" in visible
+    assert "p = 1: not significant at 0.05" in visible
+
+
+def test_browser_search_filters_rows(page_file: Path, tmp_path: Path) -> None:
+    # The page reads a search from its URL fragment, as a typed query would filter.
+    dom = Page(_chromium("--dump-dom", page_file.as_uri() + "#q=pwned", tmp=tmp_path))
+    rows = {
+        attrs["id"]: "hidden" in attrs
+        for tag, attrs in dom.tags
+        if tag == "tr" and "scn" in (attrs.get("class") or "")
+    }
+    # Only the scenarios whose text contains "pwned" (the injected predictions) stay visible.
+    assert rows == {"s-s1": False, "s-s2": False, "s-s3": True}
+    assert "2 of 3 scenarios shown" in "".join(dom.text)
+
+
+def test_browser_screenshot(page_file: Path, tmp_path: Path) -> None:
+    shot = tmp_path / "report.png"
+    _chromium(f"--screenshot={shot}", "--window-size=1280,1600", page_file.as_uri(), tmp=tmp_path)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a rendered page, not blank

@@ -1,0 +1,162 @@
+"""Scenario chunks under xdist: every item of a scenario on one worker, full fast-path batches.
+
+A focused test drives :class:`~pytest_memeval.runtime.scheduler.ScenarioScheduling` with stand-in
+worker nodes (what xdist's DSession calls on it: add, collect, schedule, complete, crash);
+an end-to-end run with ``-n 2`` on the demo checkpoint shows the batches in the summary and
+predicts what the run without xdist predicts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from pytest_memeval.core.ids import IdMap
+from pytest_memeval.runtime.scheduler import ScenarioScheduling
+
+from ..conftest import MemevalProject, demo_records
+
+PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
+
+
+class FakeNode:
+    """What the scheduler uses of an xdist ``WorkerController``."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.shutting_down = False
+        self.sent: list[list[int]] = []
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent.append(list(indexes))
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def collection(n: int) -> tuple[list[str], set[str]]:
+    # Plain ids: odd ones (brackets, spaces) are the scope function's business, tested apart.
+    ids = [f"s{k}" for k in range(n)]
+    items = [f"test_eval.py::test_{name}[{sid}]" for sid in ids for name in ("final", "turns")]
+    return [*items, "test_other.py::test_plain"], set(ids)
+
+
+def scenario_of(nodeid: str) -> str:
+    return nodeid[nodeid.index("[") + 1 : -1] if "[" in nodeid else nodeid
+
+
+def test_chunks_keep_scenarios_whole_and_shrink_at_the_end(pytester: pytest.Pytester) -> None:
+    items, ids = collection(10)
+    sched = ScenarioScheduling(
+        pytester.parseconfig("--dist", "load", "--tx", "2*popen"), None, IdMap(ids), chunk=4
+    )
+    nodes = [FakeNode("gw0"), FakeNode("gw1")]
+    for node in nodes:
+        sched.add_node(node)
+        sched.add_node_collection(node, items)
+    sched.schedule()
+    # Each worker's first message: four whole scenarios (eight items), in queue order.
+    assert [len(node.sent) for node in nodes] == [1, 1]
+    first = [[scenario_of(items[i]) for i in node.sent[0]] for node in nodes]
+    assert [len(set(f)) for f in first] == [4, 4] and [len(f) for f in first] == [8, 8]
+    # gw0 works through its chunk; at its last scenario it is topped up, with what is left
+    # split evenly over the two workers (3 scopes left: 2 now).
+    for i in nodes[0].sent[0][:-3]:
+        sched.mark_test_complete(nodes[0], i)
+    assert len(nodes[0].sent) == 1
+    sched.mark_test_complete(nodes[0], nodes[0].sent[0][-3])  # its last scenario starts
+    assert len(nodes[0].sent) == 2 and len({scenario_of(items[i]) for i in nodes[0].sent[1]}) == 2
+    # A crash on gw1 in the middle of its chunk: the running item is reported (not rerun),
+    # the chunk's other scenarios go back to the queue, whole.
+    running = nodes[1].sent[0][2]
+    sched.mark_test_complete(nodes[1], nodes[1].sent[0][0])
+    sched.mark_test_complete(nodes[1], nodes[1].sent[0][1])
+    assert sched.remove_node(nodes[1]) == items[running]
+    requeued = [n for unit in sched.workqueue.values() for n, done in unit.items() if not done]
+    assert items[running] not in requeued and items[nodes[1].sent[0][0]] not in requeued
+    assert len({scenario_of(n) for n in requeued if "test_eval" in n}) == 3
+    # Everything still ends up sent exactly once, whole scenarios per message.
+    while sched.workqueue:
+        sent = [i for batch in nodes[0].sent for i in batch]
+        for i in sent:
+            if not sched.assigned_work[nodes[0]][sched._split_scope(items[i])][items[i]]:
+                sched.mark_test_complete(nodes[0], i)
+    for node in nodes:
+        for batch in node.sent:
+            scenarios = {scenario_of(items[i]) for i in batch if "test_eval" in items[i]}
+            for sid in scenarios - {scenario_of(items[running])}:
+                assert sum(scenario_of(items[i]) == sid for i in batch) == 2
+    every = [items[i] for node in nodes for batch in node.sent for i in batch]
+    assert set(every) == set(items)
+    # Sent twice: what the crashed worker had not run (its crashed item is not rerun).
+    again = {n for n in every if every.count(n) > 1}
+    assert again == {items[i] for i in nodes[1].sent[0][3:]}
+
+
+def test_chunk_of_one_is_xdist_loadscope(pytester: pytest.Pytester) -> None:
+    items, ids = collection(4)
+    sched = ScenarioScheduling(
+        pytester.parseconfig("--dist", "load", "--tx", "1*popen"), None, IdMap(ids), chunk=1
+    )
+    node = FakeNode("gw0")
+    sched.add_node(node)
+    sched.add_node_collection(node, items)
+    sched.schedule()
+    # xdist's loadscope: one scope per message, topped up to at least two scopes at start.
+    assert [len(batch) for batch in node.sent] == [2, 2]
+
+
+def content(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in records]
+
+
+def test_two_workers_decode_full_batches(
+    memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    memeval_project.write(demo_records("oracle", 10))
+    runs = {}
+    for label, extra in {"serial": [], "xdist": ["-n", "2", "-v"]}.items():
+        out = memeval_project.path / "runs" / label
+        result = memeval_project.run("--ckpt", "demo", "--memeval-out", str(out), *extra)
+        result.stdout.fnmatch_lines(
+            ["throughput: * scenarios/s over * s (decode fast, mean batch *.* of 4)"]
+        )
+        metrics = json.loads((out / "metrics.json").read_text("utf-8"))
+        predictions = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+        assert metrics["complete"] and len(predictions) == 10
+        runs[label] = (metrics, predictions, result.stdout.lines)
+    metrics, predictions, lines = runs["xdist"]
+    # 10 scenarios on two workers in chunks of 4: 4 + 4, then 1 + 1 (mean 3.4); one scope
+    # at a time (xdist's loadscope) would give batches of one or two.
+    assert metrics["timing"]["batch_size"] == 4
+    assert metrics["timing"]["mean_batch"] >= 3.0
+    assert {p["decode_batch"] for p in predictions} <= {1, 2, 3, 4}
+    # Every item of a scenario ran on the worker that decoded it.
+    placed: dict[str, set[str]] = {}
+    for line in lines:
+        m = re.match(r"^\[(gw\d+)\] .*(?:PASSED|FAILED|XFAIL|XPASS) .*\[(.+)\]", line)
+        if m:
+            placed.setdefault(m.group(2), set()).add(m.group(1))
+    by_id = {p["id"]: p["worker"] for p in predictions}
+    assert set(placed) == set(by_id)
+    assert all(placed[sid] == {by_id[sid]} for sid in by_id)
+    assert content(runs["serial"][1]) == content(predictions)
+
+
+def test_chunk_is_the_fast_batch_size_of_the_workers_devices(pytester: pytest.Pytester) -> None:
+    from pytest_memeval.decode.fast import DEFAULT_ACCELERATOR_BATCH_SIZE, DEFAULT_BATCH_SIZES
+    from pytest_memeval.runtime.device_binding import BINDER_NAME, XdistDeviceBinder
+    from pytest_memeval.runtime.devices import DeviceSource
+    from pytest_memeval.runtime.scheduler import chunk_size
+
+    config = pytester.parseconfig("--dist", "load", "--tx", "2*popen")
+    assert chunk_size(config, "fast") == DEFAULT_BATCH_SIZES["cpu"] == 4
+    assert chunk_size(config, "reference") == 1
+    binder = XdistDeviceBinder(DeviceSource(("0", "1"), "test"), 1, 1, "test", 2)
+    config.pluginmanager.register(binder, BINDER_NAME)
+    assert chunk_size(config, "fast") == DEFAULT_ACCELERATOR_BATCH_SIZE == 16
+    assert chunk_size(config, "replay") == 1
