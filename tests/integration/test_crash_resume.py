@@ -98,7 +98,7 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("clean")
     write_jsonl(root / "bench.jsonl", demo_records("oracle", N))
     # The ``demo`` profile exactly as conftest.MemevalProject writes it.
-    from . import conftest
+    from .. import conftest
 
     (root / "pyproject.toml").write_text(
         textwrap.dedent(
