@@ -327,7 +327,7 @@ def render_report(runs: Sequence[RunData]) -> str:
     result = compare_runs(runs[0], runs[1]) if two else _single(runs[0])
     summaries = [result["a"]] + ([result["b"]] if two else [])
     return render(
-        "report.html",
+        "one_or_two.html",
         title="memeval report: " + " vs ".join(s["label"] for s in summaries),
         csp=_csp(static_text("report.js")),
         generated=_generated(),
