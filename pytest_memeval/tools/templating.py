@@ -21,7 +21,7 @@ from pytest_memeval.tools.compare import fmt_ci, fmt_m2_ci, fmt_pp, fmt_pp_ci, f
 if TYPE_CHECKING:
     import jinja2
 
-__all__ = ["TEMPLATE_PACKAGE", "environment", "render", "static_text"]
+__all__ = ["FILTERS", "TEMPLATE_PACKAGE", "environment", "render", "short_label", "static_text"]
 
 #: the package whose ``templates/`` and ``static/`` folders hold the page's files
 TEMPLATE_PACKAGE = "pytest_memeval.tools"
