@@ -2,8 +2,9 @@
 
 Active only when pytest-html is installed and ``--html`` is given: the summary (m1, m2 with
 95% intervals, the gate's verdict) goes above the results table; each eval item's row gets an
-extra with the final prompt's end, prediction against truth and the turn table. Every piece
-of model or benchmark text is escaped (:func:`html.escape`): a prediction is data, never markup.
+extra with the final prompt's end, prediction against truth and the turn table. Both come from
+autoescaped Jinja2 templates (``tools/templates/summary.html``, ``scenario_detail.html``): every
+piece of model or benchmark text is escaped, a prediction is data, never markup.
 """
 
 from __future__ import annotations

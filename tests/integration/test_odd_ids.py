@@ -23,7 +23,6 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Sequence
-from html import escape
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -31,6 +30,7 @@ from xml.etree import ElementTree
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from markupsafe import escape  # the report's (Jinja2's) escaper: ' as &#39;, " as &#34;
 
 from pytest_memeval.core.ids import IdMap, item_name, param_id
 from pytest_memeval.tools.cli import main
