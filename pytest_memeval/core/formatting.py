@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["SHOWN", "percent", "per_second", "score_text", "shown_list"]
+__all__ = ["SHOWN", "per_second", "percent", "score_text", "shown_list"]
 
 #: The most items (scenario ids, problems) a message lists before "and N more": enough to
 #: recognise a pattern, few enough that the message stays readable in a terminal.

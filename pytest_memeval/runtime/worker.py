@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.core.scoring import score
-from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.runtime.devices import device_label, is_out_of_memory, worker_device
 from pytest_memeval.runtime.state import MemevalState, is_worker, worker_id
 
@@ -26,7 +26,13 @@ if TYPE_CHECKING:
 
     from pytest_memeval.decode import Decoder
 
-__all__ = ["PREFETCH_SIZE", "RECORD_CACHE_SIZE", "MemevalWorker", "PrefetchError", "PrefetchWarning"]
+__all__ = [
+    "PREFETCH_SIZE",
+    "RECORD_CACHE_SIZE",
+    "MemevalWorker",
+    "PrefetchError",
+    "PrefetchWarning",
+]
 
 RECORD_KEY = pytest.StashKey[dict[str, Any]]()
 
