@@ -167,23 +167,23 @@ class MemevalWorker:
             # failure per batch, and the rest is decoded one scenario at a time.
             self._prefetch_off = True
             what = f"{type(exc).__name__}: {_first_line(exc)}"
-            ids = shown_list(upcoming)
+            ids = shown_list(repr(sid) for sid in upcoming)
             if not is_out_of_memory(exc):
                 # Anything else is a bug in the decoder: the item asking errors with it (and
                 # its traceback, chained below); the other scenarios are decoded alone.
                 raise PrefetchError(
-                    f"{worker_id(self.config) or 'this process'}: the decoder's prefetch of "
-                    f"{len(upcoming)} scenarios ({ids}) failed with {what}; prefetch is off "
-                    "for the rest of this process"
+                    f"the decoder's prefetch of {len(upcoming)} scenarios ({ids}) failed on "
+                    f"{self._where()} with {what}; prefetch is off for the rest of this "
+                    "process (the other scenarios are decoded one at a time)"
                 ) from exc
             # The batch did not fit on this device: the results are the same decoded one by
             # one, only slower; say so once. (The message is built now and the exception
             # dropped with this block: its traceback holds the batch's tensors.)
             warnings.warn(
                 PrefetchWarning(
-                    f"{worker_id(self.config) or 'this process'} on {self.device_label}: "
                     f"batched prefetch of {len(upcoming)} scenarios ({ids}) ran out of memory "
-                    f"({what}); decoding one scenario at a time from now on in this process "
+                    f"on {self._where()} ({what}); decoding one scenario at a time from now on "
+                    "in this process "
                     "(same results, slower). Lower the fast path's batch_size or "
                     "max_batch_tokens, or run fewer workers per GPU."
                 ),
@@ -193,6 +193,12 @@ class MemevalWorker:
             return
         share = (time.perf_counter() - started) / len(upcoming)
         self._decode_share.update(dict.fromkeys(upcoming, share))
+
+    def _where(self) -> str:
+        """``worker gw0 on cuda:0 (physical 5)``; without xdist just the device."""
+        if is_worker(self.config):
+            return f"worker {worker_id(self.config)} on {self.device_label}"
+        return self.device_label
 
     def _upcoming(self, current: str) -> list[str]:
         """Scenario ids of the items this process will run after ``current``'s, in order."""
