@@ -17,7 +17,7 @@ import pytest
 
 from pytest_memeval import hookspecs
 from pytest_memeval.core.benchmark import BenchmarkError
-from pytest_memeval.core.builders import BUILDERS
+from pytest_memeval.core.builders import build_bundled
 from pytest_memeval.core.ids import param_id, scenario_param
 from pytest_memeval.core.profiles import Profile, ProfileError, describe_overrides
 from pytest_memeval.core.sharding import describe_shard
@@ -196,16 +196,7 @@ def pytest_memeval_build_benchmark(
     builder: str, options: Mapping[str, Any], rootdir: Path
 ) -> Iterable[Mapping[str, Any]] | None:
     """The bundled builders (``builders.BUILDERS``, e.g. ``scene_memory``)."""
-    build = BUILDERS.get(builder)
-    if build is None:
-        return None
-    try:
-        return list(build(options, rootdir))
-    except BenchmarkError:
-        raise
-    except (OSError, KeyError, ValueError) as exc:
-        # The builder names the file and line; keep its message, tag the builder.
-        raise BenchmarkError(f"builder {builder!r}: {exc}") from None
+    return build_bundled(builder, options, rootdir)
 
 
 @pytest.hookimpl(tryfirst=True)

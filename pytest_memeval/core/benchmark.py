@@ -19,7 +19,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -33,7 +33,6 @@ __all__ = [
     "BenchmarkError",
     "Scenario",
     "dump_record",
-    "fingerprint_records",
     "load_jsonl",
     "parse_record",
     "read_jsonl_records",
@@ -233,14 +232,6 @@ class Benchmark:
         return IdMap(self.ids)
 
 
-def fingerprint_records(lines: Iterable[str]) -> str:
-    """SHA-256 over the canonical serialisation of the records, in order."""
-    digest = hashlib.sha256()
-    for line in lines:
-        digest.update(line.encode("utf-8"))
-    return "sha256:" + digest.hexdigest()
-
-
 def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
     scenarios: list[Scenario] = []
     seen: dict[str, str] = {}
@@ -280,9 +271,3 @@ def load_jsonl(path: Path) -> Benchmark:
 def from_records(records: Iterable[Any], source: str) -> Benchmark:
     """Validate records produced by a builder; errors name ``source`` and the record number."""
     return _collect(((f"{source} record {i + 1}", r) for i, r in enumerate(records)), source)
-
-
-def select(benchmark: Benchmark, ids: Sequence[str]) -> list[Scenario]:
-    """The scenarios with ``ids``, in benchmark order."""
-    wanted = set(ids)
-    return [s for s in benchmark.scenarios if s.id in wanted]

@@ -74,16 +74,24 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, chunks: Iterable[str]) -> None:
-    """Write ``chunks`` to ``path`` so readers see the old file or the whole new one."""
+def atomic_write(path: Path, chunks: Iterable[str] | bytes) -> None:
+    """Write ``chunks`` (text, UTF-8 encoded, newlines as given) or ``bytes`` to ``path`` so
+    that readers see the old file or the whole new one, and the new one survives a crash.
+
+    The one atomic writer of the package: a temporary sibling, synced, renamed over
+    ``path``, then the directory synced.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         # mkstemp creates 0600; results are ordinary files, readable as the umask allows.
         os.chmod(tmp, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
+        with os.fdopen(fd, "wb") as fh:
+            if isinstance(chunks, bytes):
+                fh.write(chunks)
+            else:
+                for chunk in chunks:
+                    fh.write(chunk.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

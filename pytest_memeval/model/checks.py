@@ -28,6 +28,8 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from pytest_memeval.core.formatting import shown_list
+
 __all__ = [
     "CheckpointError",
     "adapter_mismatches",
@@ -109,7 +111,8 @@ def fingerprint_dir(path: Path) -> str:
 
 _PREFIX = "base_model.model."
 _LORA_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
-#: Shown in the one message; the rest are counted.
+#: Problems shown in the one message, the rest counted: fewer than formatting.SHOWN, as each
+#: is a sentence (a tensor name and two shapes), not an id.
 _SHOWN = 3
 #: The safetensors format caps its JSON header at 100 MB.
 _MAX_HEADER = 100_000_000
@@ -253,11 +256,9 @@ def check_adapter_fits(model_dir: Path, adapter_dir: Path) -> None:
     )
     if not problems:
         return
-    more = f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
     made_for = cfg.get("base_model_name_or_path")
     hint = f" (its adapter_config.json names base model {made_for!r})" if made_for else ""
     raise CheckpointError(
         f"{adapter_dir}: adapter does not fit the base model {model_dir}{hint}: "
-        + "; ".join(problems[:_SHOWN])
-        + more
+        + shown_list(problems, _SHOWN, sep="; ")
     )

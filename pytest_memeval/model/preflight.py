@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.model.prompts import render
 
 __all__ = [
@@ -56,8 +57,6 @@ POSITION_KEYS = (
 #: transformers' "no limit" value for ``model_max_length`` (``VERY_LARGE_INTEGER``) is 1e30;
 #: anything this large is no limit.
 _NO_LIMIT = 10**20
-#: Scenarios named in one message; the rest are counted.
-SHOWN = 10
 
 
 class PreflightError(ValueError):
@@ -97,9 +96,7 @@ class PreflightResult:
 
     def describe_overlong(self) -> str:
         """``'s1' (876 tokens), ...`` for the first few over-long scenarios."""
-        shown = ", ".join(f"{o.scenario_id!r} ({o.tokens} tokens)" for o in self.overlong[:SHOWN])
-        more = len(self.overlong) - SHOWN
-        return shown + (f", and {more} more" if more > 0 else "")
+        return shown_list(f"{o.scenario_id!r} ({o.tokens} tokens)" for o in self.overlong)
 
 
 def load_tokenizer(model_dir: Path) -> Any:
@@ -188,10 +185,9 @@ def _template_message(
         "scenario(s); nothing was evaluated:"
     ]
     for error, failed in by_error.items():
-        named = ", ".join(f"{s.id!r} ({s.source})" for s in failed[:SHOWN])
-        more = f", and {len(failed) - SHOWN} more" if len(failed) > SHOWN else ""
+        named = shown_list(f"{s.id!r} ({s.source})" for s in failed)
         lines.append(f"  {error}")
-        lines.append(f"    scenario(s): {named}{more}")
+        lines.append(f"    scenario(s): {named}")
     lines.append(
         "  Reshape those conversations for this template (e.g. fold the system message into "
         "the first user message; alternate user and assistant turns), or use a model whose "

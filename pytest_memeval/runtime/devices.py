@@ -39,6 +39,7 @@ __all__ = [
     "detect_gpus",
     "device_label",
     "group_devices",
+    "is_out_of_memory",
     "parse_gpu_list",
     "resolve_devices",
     "threads_per_worker",
@@ -382,3 +383,15 @@ def device_label(config: pytest.Config, torch_device: str) -> str:
 
 def short_list(items: Sequence[str]) -> str:
     return ",".join(items) if items else "none"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a device running out of memory: torch's ``OutOfMemoryError`` (CUDA),
+    the RuntimeError text older torch and other backends (MPS) raise, or Python's MemoryError.
+
+    Read from the class name and the text, so this module need not import torch.
+    """
+    if isinstance(exc, MemoryError):
+        return True
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return "OutOfMemoryError" in names or "out of memory" in str(exc).lower()

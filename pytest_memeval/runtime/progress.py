@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.core.formatting import per_second
+
 __all__ = ["DEFAULT_INTERVAL_S", "Progress", "format_duration", "interval_from"]
 
 DEFAULT_INTERVAL_S = 30.0
@@ -109,7 +111,7 @@ class Progress:
             parts[0] += f" ({100 * self.done / total:.1f}%)"
         rate = self.rate()
         if rate is not None:
-            parts.append(f"{rate:.2f} scenarios/s")
+            parts.append(per_second(rate))
             if total is not None and total >= self.done:
                 parts.append(f"ETA {format_duration((total - self.done) / rate)}")
         return ", ".join(parts)
@@ -132,7 +134,7 @@ class Progress:
         text = f"progress: {self.done}/{total} scenarios evaluated in {format_duration(wall_s)}"
         rate = self.done / wall_s if wall_s > 0 and self.done else None
         if rate is not None:
-            text += f" ({rate:.2f} scenarios/s)"
+            text += f" ({per_second(rate)})"
         if left:
             text += f"; {left} not evaluated"
             if rate is not None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, from_records, load_jsonl
+from pytest_memeval.core.benchmark import Benchmark, BenchmarkError
+from pytest_memeval.core.builders import load_profile_benchmark
 from pytest_memeval.core.profiles import (
     Profile,
     ProfileError,
@@ -63,19 +64,16 @@ def profiles_file(config: pytest.Config) -> Path:
 
 def load_benchmark(config: pytest.Config, profile: Profile) -> Benchmark:
     """The profile's scenarios, from its JSONL file or its builder hook."""
-    spec = profile.benchmark
-    if spec.path is not None:
-        return load_jsonl(spec.path)
-    assert spec.builder is not None
-    records: Iterable[Mapping[str, Any]] | None = config.hook.pytest_memeval_build_benchmark(
-        config=config, builder=spec.builder, options=spec.options, rootdir=profile.root
-    )
-    if records is None:
-        raise BenchmarkError(
-            f"{profile.source}: [tool.memeval.ckpt.{profile.name}]: no plugin implements "
-            f"benchmark builder {spec.builder!r}"
+
+    def build(
+        builder: str, options: Mapping[str, Any], rootdir: Path
+    ) -> Iterable[Mapping[str, Any]] | None:
+        records: Iterable[Mapping[str, Any]] | None = config.hook.pytest_memeval_build_benchmark(
+            config=config, builder=builder, options=options, rootdir=rootdir
         )
-    return from_records(records, f"builder {spec.builder!r} ({profile.name})")
+        return records
+
+    return load_profile_benchmark(profile, build)
 
 
 def decoding_fingerprint(settings: Mapping[str, Any]) -> str:

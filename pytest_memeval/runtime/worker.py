@@ -8,21 +8,31 @@ reports as ``report.memeval_record`` (plain JSON data, serialised by xdist with 
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.core.scoring import score
-from pytest_memeval.runtime.devices import device_label, worker_device
+from pytest_memeval.runtime.devices import device_label, is_out_of_memory, worker_device
 from pytest_memeval.runtime.state import MemevalState, is_worker, worker_id
 
 if TYPE_CHECKING:
     from collections.abc import Generator
 
     from pytest_memeval.decode import Decoder
+
+__all__ = [
+    "PREFETCH_SIZE",
+    "RECORD_CACHE_SIZE",
+    "MemevalWorker",
+    "PrefetchError",
+    "PrefetchWarning",
+]
 
 RECORD_KEY = pytest.StashKey[dict[str, Any]]()
 
@@ -31,6 +41,15 @@ RECORD_CACHE_SIZE = 64
 
 #: Most scenarios handed to ``Decoder.prefetch`` at once (see MemevalWorker._prefetch).
 PREFETCH_SIZE = 16
+
+
+class PrefetchWarning(UserWarning):
+    """A batched prefetch ran out of memory; this process decodes one scenario at a time."""
+
+
+class PrefetchError(RuntimeError):
+    """A decoder's prefetch failed with something other than running out of memory (a bug);
+    the original exception is its ``__cause__``."""
 
 
 class MemevalWorker:
@@ -50,6 +69,7 @@ class MemevalWorker:
         self._run_order: list[str] | None = None  # scenario ids in run order (no xdist)
         self._run_rank: dict[str, int] = {}
         self._decode_share: dict[str, float] = {}  # prefetch seconds per prefetched scenario
+        self._prefetch_off = False  # set by a failed prefetch (see _prefetch)
 
     def load_decoder(self) -> Decoder:
         """Build this process's decoder now (loads the model); errors propagate as they are.
@@ -116,8 +136,18 @@ class MemevalWorker:
         fast path, the scenario scheduler sends a batch's worth of scenarios at once). The
         prefetch time is split evenly
         over the batch, so each record's ``decode_s`` still adds up to the decoding time.
+
+        A prefetch that raises is never silent, and turns prefetch off in this process:
+
+        * out of memory (:func:`~pytest_memeval.runtime.devices.is_out_of_memory`): the batch
+          did not fit; a :class:`PrefetchWarning` (pytest's warnings summary, also under
+          xdist) names the scenarios and the error, and each scenario is decoded on its own
+          (same results, slower);
+        * anything else is a bug in the decoder: :class:`PrefetchError`, naming the batch's
+          scenarios and chaining the original exception, fails the item that asked; the
+          others are decoded on their own.
         """
-        if scenario.id in self._decode_share:
+        if self._prefetch_off or scenario.id in self._decode_share:
             return
         upcoming = [scenario.id]
         for sid in self._upcoming(scenario.id):
@@ -131,13 +161,44 @@ class MemevalWorker:
         started = time.perf_counter()
         try:
             decoder.prefetch([by_id[sid] for sid in upcoming])
-        except Exception:
-            # A failing batch must not fail its neighbours: each scenario is then decoded on
-            # its own, and only one that fails there too loses its result (an error item).
+        except Exception as exc:
+            # Never silent: a swallowed failure here looks like mere slowness. Prefetch is
+            # turned off in this process either way, so one failure costs one batch, not a
+            # failure per batch, and the rest is decoded one scenario at a time.
+            self._prefetch_off = True
+            what = f"{type(exc).__name__}: {_first_line(exc)}"
+            ids = shown_list(repr(sid) for sid in upcoming)
+            if not is_out_of_memory(exc):
+                # Anything else is a bug in the decoder: the item asking errors with it (and
+                # its traceback, chained below); the other scenarios are decoded alone.
+                raise PrefetchError(
+                    f"the decoder's prefetch of {len(upcoming)} scenarios ({ids}) failed on "
+                    f"{self._where()} with {what}; prefetch is off for the rest of this "
+                    "process (the other scenarios are decoded one at a time)"
+                ) from exc
+            # The batch did not fit on this device: the results are the same decoded one by
+            # one, only slower; say so once. (The message is built now and the exception
+            # dropped with this block: its traceback holds the batch's tensors.)
+            warnings.warn(
+                PrefetchWarning(
+                    f"batched prefetch of {len(upcoming)} scenarios ({ids}) ran out of memory "
+                    f"on {self._where()} ({what}); decoding one scenario at a time from now on "
+                    "in this process "
+                    "(same results, slower). Lower the fast path's batch_size or "
+                    "max_batch_tokens, or run fewer workers per GPU."
+                ),
+                stacklevel=1,
+            )
             self._decode_share.update(dict.fromkeys(upcoming, 0.0))
             return
         share = (time.perf_counter() - started) / len(upcoming)
         self._decode_share.update(dict.fromkeys(upcoming, share))
+
+    def _where(self) -> str:
+        """``worker gw0 on cuda:0 (physical 5)``; without xdist just the device."""
+        if is_worker(self.config):
+            return f"worker {worker_id(self.config)} on {self.device_label}"
+        return self.device_label
 
     def _upcoming(self, current: str) -> list[str]:
         """Scenario ids of the items this process will run after ``current``'s, in order."""
@@ -223,6 +284,11 @@ class MemevalWorker:
             # scenario in first-seen order; other items keep theirs.
             keyed.append((first_eval, rank * 1_000_000 + pos, item))
         items[:] = [item for _, _, item in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else "(no message)"
 
 
 def _xdist_pending(config: pytest.Config) -> list[int]:

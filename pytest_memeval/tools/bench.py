@@ -11,6 +11,12 @@ identically. Its last line reads::
 Exit status: 0 when every prediction is identical, 1 when any differs, 2 on bad input.
 Timing is wall-clock on whatever else the machine is doing: run it on a quiet machine, and
 pin ``--threads`` so that both paths get the same CPU.
+
+The scenarios are the profile's benchmark loaded as the plugin loads it
+(:func:`pytest_memeval.core.builders.load_profile_benchmark`), with one difference: bench
+runs outside pytest, so the ``pytest_memeval_build_benchmark`` hook of other plugins is not
+called. A JSONL benchmark and the bundled builders (``scene_memory``) give exactly the
+scenarios a pytest run evaluates; for a builder from a plugin, pass ``--benchmark FILE.jsonl``.
 """
 
 from __future__ import annotations
@@ -20,14 +26,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_memeval.core.benchmark import BenchmarkError, Scenario, from_records, load_jsonl
-from pytest_memeval.core.builders import scene_memory
-from pytest_memeval.core.profiles import ProfileError, resolve_profile
+from pytest_memeval.core.benchmark import BenchmarkError, Scenario, load_jsonl
+from pytest_memeval.core.builders import build_bundled, load_profile_benchmark
+from pytest_memeval.core.formatting import per_second, shown_list
+from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
 from pytest_memeval.decode.fast import FastDecoder, summarize
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.checks import CheckpointError
@@ -45,7 +52,9 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         default="oracle",
         help="checkpoint profile ([tool.memeval.ckpt.NAME]) whose model, adapter, generation "
-        "settings and benchmark are used (default: oracle, the bundled demo)",
+        "settings and benchmark are used (default: oracle, the bundled demo); its benchmark is "
+        "loaded as the plugin loads it, except that bench runs outside pytest and so only "
+        "runs the bundled builders (scene_memory), not a builder from a pytest plugin",
     )
     parser.add_argument(
         "--profiles",
@@ -57,7 +66,8 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         "--benchmark",
         type=Path,
         default=None,
-        help="JSONL benchmark to decode instead of the profile's",
+        help="JSONL benchmark to decode instead of the profile's (needed for a profile "
+        "whose builder comes from a pytest plugin)",
     )
     parser.add_argument("-n", "--limit", type=int, default=None, help="only the first N scenarios")
     parser.add_argument(
@@ -134,19 +144,24 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _scenarios(args: argparse.Namespace, profile: Any) -> list[Scenario]:
+def _scenarios(args: argparse.Namespace, profile: Profile) -> list[Scenario]:
     if args.benchmark is not None:
         return list(load_jsonl(args.benchmark).scenarios)
-    spec = profile.benchmark
-    if spec.path is not None:
-        return list(load_jsonl(spec.path).scenarios)
-    if spec.builder != "scene_memory":
-        raise BenchmarkError(
-            f"profile {profile.name!r} uses builder {spec.builder!r}, which only pytest can "
-            "run (its plugins provide it): pass --benchmark FILE.jsonl"
-        )
-    records = list(scene_memory.build(spec.options, profile.root))
-    return list(from_records(records, f"builder 'scene_memory' ({profile.name})").scenarios)
+
+    def bundled_only(
+        builder: str, options: Mapping[str, Any], rootdir: Path
+    ) -> Iterable[Mapping[str, Any]] | None:
+        records = build_bundled(builder, options, rootdir)
+        if records is None:
+            # Builders from plugins are found through pytest's hook, which needs a pytest
+            # session; bench has none.
+            raise BenchmarkError(
+                f"profile {profile.name!r} uses builder {builder!r}, which only pytest can "
+                "run (its plugins provide it): pass --benchmark FILE.jsonl"
+            )
+        return records
+
+    return list(load_profile_benchmark(profile, bundled_only).scenarios)
 
 
 def _same(fast: Any, reference: Any) -> bool:
@@ -358,9 +373,10 @@ def cli_main(args: argparse.Namespace) -> int:
         f"{args.device}, {torch.get_num_threads()} torch threads"
     )
     ref, fst, fast, differ = _compare(loaded, scenarios, args, max_new)
-    print(f"reference: {ref.seconds:8.2f} s  {ref.per_s(n):8.2f} scenarios/s")
+    # Right-aligned as "{:8.2f} scenarios/s" was: the two lines' columns line up.
+    print(f"reference: {ref.seconds:8.2f} s  {per_second(ref.per_s(n)):>20}")
     print(
-        f"fast:      {fst.seconds:8.2f} s  {fst.per_s(n):8.2f} scenarios/s  "
+        f"fast:      {fst.seconds:8.2f} s  {per_second(fst.per_s(n)):>20}  "
         f"(batch {fast.batch_size}, "
         + (
             "margin in ulps of the top logit, below"
@@ -386,7 +402,7 @@ def cli_main(args: argparse.Namespace) -> int:
         peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**30
         print(f"  peak accelerator memory: {peak:.2f} GiB (torch.cuda.max_memory_allocated)")
     if differ:
-        print(f"predictions differ in {len(differ)} scenarios: {', '.join(differ[:10])}")
+        print(f"predictions differ in {len(differ)} scenarios: {shown_list(differ)}")
     try:
         growth, growth_identical = _growth(loaded, args, profile, max_new)
     except subprocess.CalledProcessError as exc:

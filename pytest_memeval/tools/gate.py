@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.core.formatting import percent, shown_list
 from pytest_memeval.core.ids import item_name, scenario_param
 from pytest_memeval.core.rundir import PREDICTIONS, read_predictions
 from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
@@ -162,8 +163,8 @@ def _load_baseline(path: Path, state: MemevalState) -> Baseline:
         only_theirs = sorted(theirs - ours)
         raise pytest.UsageError(
             f"--memeval-baseline {path}: the baseline covers different scenarios than this "
-            f"run's benchmark ({len(only_ours)} only here, e.g. {only_ours[:5]}; "
-            f"{len(only_theirs)} only in the baseline, e.g. {only_theirs[:5]})"
+            f"run's benchmark ({len(only_ours)} only here: {_ids(only_ours)}; "
+            f"{len(only_theirs)} only in the baseline: {_ids(only_theirs)})"
         )
     m = run.metrics
     return Baseline(
@@ -230,7 +231,11 @@ GATE_KEY = pytest.StashKey[GateOutcome]()
 
 
 def _pct(value: Fraction) -> str:
-    return f"{float(value) * 100:.2f}%"
+    return percent(float(value))
+
+
+def _ids(ids: list[str]) -> str:
+    return shown_list(repr(i) for i in ids)
 
 
 def _pp(value: Fraction) -> str:

@@ -38,7 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.profiles import ProfileError, memeval_table, resolve_profile
-from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY, METRICS, read_json, write_json
+from pytest_memeval.core.rundir import (
+    JOURNAL,
+    JOURNAL_HEADER_KEY,
+    METRICS,
+    atomic_write,
+    read_json,
+    write_json,
+)
 from pytest_memeval.core.runlayout import SUBSETS, resume_target, top_level_run
 from pytest_memeval.core.runlock import (
     LOCK_NAME,
@@ -721,7 +728,7 @@ def _write_scripts(plan: Plan) -> None:
     (plan.slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     for name, text in ((SHARDS_SCRIPT, shard_script(plan)), (MERGE_SCRIPT, merge_script(plan))):
         path = plan.slurm_dir / name
-        path.write_text(text, encoding="utf-8")
+        atomic_write(path, [text])
         path.chmod(0o755)
 
 

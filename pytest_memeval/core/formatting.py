@@ -1,0 +1,50 @@
+"""How numbers and lists read in messages: one wording, one limit, everywhere.
+
+Every message that names scenarios (refusals, warnings, summaries) shows at most
+:data:`SHOWN` of them and says how many it left out, the same way; every throughput reads
+``0.84 scenarios/s``; every rate of right answers reads ``167/189 = 88.36%``. Plain
+functions over plain values: nothing here knows about runs, records or pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["SHOWN", "per_second", "percent", "score_text", "shown_list"]
+
+#: The most items (scenario ids, problems) a message lists before "and N more": enough to
+#: recognise a pattern, few enough that the message stays readable in a terminal.
+SHOWN = 10
+
+
+def shown_list(items: Iterable[str], limit: int = SHOWN, *, sep: str = ", ") -> str:
+    """``a, b, c``, or the first ``limit`` items and ``, and 5 more``; ``none`` if empty.
+
+    Items are shown as given: format them first (``repr`` for ids, which may hold spaces or
+    commas; ``'s1' (876 tokens)`` for an id with a detail). ``sep`` joins them (``"; "`` for
+    items that are sentences).
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    listed = list(items)
+    if not listed:
+        return "none"
+    text = sep.join(listed[:limit])
+    left = len(listed) - limit
+    return text + (f"{sep}and {left} more" if left > 0 else "")
+
+
+def per_second(rate: float, unit: str = "scenarios") -> str:
+    """A throughput: ``0.84 scenarios/s`` (two decimals, whatever the magnitude)."""
+    return f"{rate:.2f} {unit}/s"
+
+
+def percent(fraction: float) -> str:
+    """A fraction as a percentage with two decimals: ``0.8836`` -> ``88.36%``."""
+    return f"{fraction * 100:.2f}%"
+
+
+def score_text(correct: int, total: int, rate: float | None) -> str:
+    """A rate of right answers with its counts: ``167/189 = 88.36%``, or ``0/0 = n/a`` when
+    there is nothing to score (``rate`` is ``None``)."""
+    return f"{correct}/{total} = {'n/a' if rate is None else percent(rate)}"
