@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core import results
-from pytest_memeval.core.recount import recount_run
+from pytest_memeval.core.recount import recount_file, recount_run
 from pytest_memeval.core.results import (
     CheckedRun,
     FinalizeError,
@@ -152,10 +152,9 @@ def test_finalize_refuses_when_the_recount_disagrees(
 ) -> None:
     """The guard against a counting bug: a recount that differs leaves no metrics, and no
     predictions either."""
-    real = results.recount_file
 
     def off_by_one(path: Path) -> dict[str, Any]:
-        counted = real(path)
+        counted = recount_file(path)
         counted["m1"]["correct"] += 1
         return counted
 
