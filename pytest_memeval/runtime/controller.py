@@ -4,7 +4,8 @@ Runs in the xdist controller (or the single process without xdist). Records arri
 ``pytest_runtest_logreport`` from whichever worker ran the scenario; each is appended to the
 run's journal at once (so a crash loses at most the scenarios in flight) and only its offset
 is kept. At session finish the run directory is written in benchmark order, recounted
-independently, and only then is ``metrics.json`` written.
+independently, and only then is ``metrics.json`` written (core/results.py's ``finalize_run``,
+which ``memeval merge`` uses too).
 
 Where the files go (runlayout.py): each run journals into its own ``subsets/<time>/``
 directory and is promoted to the top of the run directory only if it finished, so a subset or

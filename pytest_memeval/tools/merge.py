@@ -5,9 +5,11 @@ finished shard run that passes the recount, together they are shards 1..N of the
 cover every scenario of the benchmark exactly once, and agree on the checkpoint and on every
 fingerprint (benchmark, model, adapter, decoding). Otherwise the command lists every problem
 (missing shard, duplicated scenario, mismatched fingerprint, unfinished shard...), exits 1
-and writes nothing. The merged run is a complete run like an unsharded one: predictions in
-benchmark order, metrics aggregated with :class:`~pytest_memeval.core.metrics.Tally` and checked
-by the independent recount before ``metrics.json`` is written.
+and writes nothing. The merged run is a complete run written like an unsharded one, by the same
+:func:`~pytest_memeval.core.results.finalize_run`: predictions in benchmark order, metrics
+aggregated with :class:`~pytest_memeval.core.metrics.Tally` and checked by the independent
+recount before ``metrics.json`` is written. Each shard is read by
+:func:`~pytest_memeval.core.results.load_checked_run`, as ``memeval compare`` reads a run.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
         problems.append(str(exc))
         return None
     metrics = checked.metrics
-    # predictions_sha256 was checked by recount_run above.
+    # Files, records and the recount (predictions_sha256 included) were checked above.
     shard = (metrics.get("scope") or {}).get("shard")
     if not isinstance(shard, dict):
         problems.append(
