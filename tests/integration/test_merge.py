@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.core import results as results_module
+from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.core.recount import RecountError, recount_run
 from pytest_memeval.core.rundir import sha256_file
 from pytest_memeval.core.runlayout import new_subset_dir
