@@ -4,7 +4,8 @@ Runs in the xdist controller (or the single process without xdist). Records arri
 ``pytest_runtest_logreport`` from whichever worker ran the scenario; each is appended to the
 run's journal at once (so a crash loses at most the scenarios in flight) and only its offset
 is kept. At session finish the run directory is written in benchmark order, recounted
-independently, and only then is ``metrics.json`` written.
+independently, and only then is ``metrics.json`` written (core/results.py's ``finalize_run``,
+which ``memeval merge`` uses too).
 
 Where the files go (runlayout.py): each run journals into its own ``subsets/<time>/``
 directory and is promoted to the top of the run directory only if it finished, so a subset or
@@ -14,33 +15,20 @@ session (runlock.py).
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_memeval.core.ids import scenario_param
-from pytest_memeval.core.metrics import Tally, metrics_document
 from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
-from pytest_memeval.core.recount import compare_counts, recount_file
-from pytest_memeval.core.rundir import (
-    JOURNAL,
-    METRICS,
-    PREDICTIONS,
-    Journal,
-    atomic_write,
-    sha256_file,
-    write_json,
-)
+from pytest_memeval.core.results import FinalizeError, RunFacts, finalize_run
+from pytest_memeval.core.rundir import JOURNAL, METRICS, Journal
 from pytest_memeval.core.runlayout import (
     describe_stranded,
-    finished,
     new_subset_dir,
-    promote,
     resume_target,
     stranded,
     top_level_run,
@@ -74,8 +62,6 @@ class MemevalController:
         self.selected: set[str] | None = None
         self.metrics: dict[str, Any] | None = None
         self.problems: list[str] = []
-        #: (scenarios in its forward pass, most per pass) of each written batched record
-        self._batches: list[tuple[int, int]] = []
         self.notes: list[str] = []
         self.started = time.time()
         self.resumed: ResumePoint | None = None
@@ -211,28 +197,13 @@ class MemevalController:
         self._begin()
         self.journal.close()
 
-        predictions = self.stage / PREDICTIONS
-        tally = Tally()
-        self._batches = []
-        atomic_write(predictions, self._predictions_lines(done, tally))
-        recounted = recount_file(predictions)
-        counts = tally.counts()
-        disagreements = compare_counts(counts, recounted)
-        if disagreements:
-            self.problems.append(
-                "recount disagrees with the aggregate: " + "; ".join(disagreements)
-            )
-            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
-            return
-        # A shard is never "complete": its metrics cover a slice, not the benchmark (compare
-        # and the gate refuse it); `memeval merge` makes the complete run from all shards.
-        complete = not missing_selected and not not_selected and self.state.shard is None
         profile = self.state.profile
-        metrics = metrics_document(
-            tally,
+        facts = RunFacts(
             ckpt=profile.name,
             kind=profile.kind,
-            complete=complete,
+            # A shard is never "complete": its metrics cover a slice, not the benchmark
+            # (compare and the gate refuse it); `memeval merge` makes the complete run.
+            complete=not missing_selected and not not_selected and self.state.shard is None,
             scope={
                 "benchmark_total": len(self.state.benchmark.scenarios),
                 "in_scope": len(scope),
@@ -250,22 +221,23 @@ class MemevalController:
                 "path": self.state.decode_path,
             },
             benchmark={"source": self.state.benchmark.source},
-            predictions_sha256=sha256_file(predictions),
-            timing={
-                "wall_s": round(wall, 3),
-                "scenarios_per_s": round(len(done) / wall, 3) if wall > 0 else None,
-                **_batch_timing(self._batches),
-            },
+            wall_s=round(wall, 3),
             # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
             overrides=self.state.extra.get("overrides", {}),
         )
-        write_json(self.stage / METRICS, metrics)
-        self.metrics = metrics
-        self.written = self.stage
-        if finished(metrics) and self.stage != self.run_dir:
-            # Only a finished run takes the top level; the one there moves to previous/.
-            self.kept_previous = promote(self.stage, self.run_dir)
-            self.written = self.run_dir
+        try:
+            result = finalize_run(
+                self.journal.read_at(self.offsets[sid] for sid in done),
+                facts,
+                stage=self.stage,
+                run_dir=self.run_dir,
+            )
+        except FinalizeError as exc:
+            self.problems.append(str(exc))
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+            return
+        metrics = self.metrics = result.metrics
+        self.written, self.kept_previous = result.written, result.kept_previous
         self.config.hook.pytest_memeval_run_written(
             config=self.config, run_dir=self.written, metrics=metrics
         )
@@ -281,13 +253,6 @@ class MemevalController:
         ):
             # Resuming a journal that already had everything: nothing to run is success.
             session.exitstatus = pytest.ExitCode.OK
-
-    def _predictions_lines(self, ids: list[str], tally: Tally) -> Iterator[str]:
-        for record in self.journal.read_at(self.offsets[sid] for sid in ids):
-            tally.add(record)
-            if isinstance(record.get("decode_batch"), int):
-                self._batches.append((record["decode_batch"], record["decode_batch_size"]))
-            yield json.dumps(record, ensure_ascii=False) + "\n"
 
     # -- terminal ------------------------------------------------------------------------
 
@@ -432,17 +397,6 @@ def _with_ci(line: str, block: dict[str, Any]) -> list[str]:
     # The interval under the rate, with its method and sample (m2: turns in scenarios).
     words = interval_words(block)
     return [line, " " * 16 + words] if words else [line]
-
-
-def _batch_timing(batches: list[tuple[int, int]]) -> dict[str, Any]:
-    """``mean_batch`` (scenarios per forward pass, averaged over scenarios) and ``batch_size``
-    (the most per pass) of the scenarios decoded by a batched pass; empty when none was."""
-    if not batches:
-        return {}
-    return {
-        "mean_batch": round(sum(b for b, _ in batches) / len(batches), 3),
-        "batch_size": max(size for _, size in batches),
-    }
 
 
 def format_summary(m: dict[str, Any]) -> str:

@@ -23,12 +23,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_memeval.core.recount import RecountError, recount_run
-from pytest_memeval.core.rundir import METRICS, PREDICTIONS, read_json, read_predictions
+from pytest_memeval.core.results import CheckedRun, RunLoadError, load_checked_run
 from pytest_memeval.core.stats import (
     CLUSTER_METHOD,
     METHOD_WORDS,
@@ -81,43 +79,27 @@ class CompareError(ValueError):
     """The runs cannot be compared honestly; the message says why."""
 
 
-@dataclass(frozen=True)
-class RunData:
-    """A checked run directory: its metrics and its records by scenario id (benchmark order)."""
-
-    path: Path
-    metrics: dict[str, Any]
-    records: dict[str, dict[str, Any]]
-
-    @property
-    def ckpt(self) -> str:
-        return str(self.metrics.get("ckpt", self.path.name))
+#: A checked run directory: its metrics and its records by scenario id (benchmark order).
+RunData = CheckedRun
 
 
 def load_run(path: Path) -> RunData:
     """Load a run directory for comparison; raise :class:`CompareError` if it is not usable.
 
-    Refused: a directory without ``metrics.json``/``predictions.jsonl``, one whose metrics
-    disagree with the recount of its predictions, and an incomplete run (missing scenarios,
-    a subset selected with ``-k``, or one shard).
+    Refused: whatever :func:`~pytest_memeval.core.results.load_checked_run` refuses (no run
+    directory, no ``metrics.json``/``predictions.jsonl``, a malformed file or record, metrics
+    that disagree with the recount of the predictions), and an incomplete run (missing
+    scenarios, a subset selected with ``-k``, or one shard).
     """
-    if not path.is_dir():
-        raise CompareError(f"{path}: not a run directory")
     try:
-        recount_run(path)
-        metrics = read_json(path / METRICS)
-        records = {rec["id"]: rec for rec in read_predictions(path / PREDICTIONS)}
-    except RecountError as exc:
-        raise CompareError(f"{path}: fails the recount, refusing to compare it: {exc}") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CompareError(f"{path}: unreadable run: {exc}") from None
-    if not isinstance(metrics, dict):
-        raise CompareError(f"{path / METRICS}: not a metrics object")
-    if metrics.get("complete") is not True:
+        run = load_checked_run(path)
+    except RunLoadError as exc:
+        raise CompareError(str(exc)) from None
+    if run.metrics.get("complete") is not True:
         raise CompareError(
-            f"{path}: incomplete run, refusing to compare it ({_why_incomplete(metrics)})"
+            f"{path}: incomplete run, refusing to compare it ({_why_incomplete(run.metrics)})"
         )
-    return RunData(path=path, metrics=metrics, records=records)
+    return run
 
 
 def _why_incomplete(metrics: Mapping[str, Any]) -> str:

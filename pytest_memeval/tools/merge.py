@@ -5,9 +5,11 @@ finished shard run that passes the recount, together they are shards 1..N of the
 cover every scenario of the benchmark exactly once, and agree on the checkpoint and on every
 fingerprint (benchmark, model, adapter, decoding). Otherwise the command lists every problem
 (missing shard, duplicated scenario, mismatched fingerprint, unfinished shard...), exits 1
-and writes nothing. The merged run is a complete run like an unsharded one: predictions in
-benchmark order, metrics aggregated with :class:`~pytest_memeval.core.metrics.Tally` and checked
-by the independent recount before ``metrics.json`` is written.
+and writes nothing. The merged run is a complete run written like an unsharded one, by the same
+:func:`~pytest_memeval.core.results.finalize_run`: predictions in benchmark order, metrics
+aggregated with :class:`~pytest_memeval.core.metrics.Tally` and checked by the independent
+recount before ``metrics.json`` is written. Each shard is read by
+:func:`~pytest_memeval.core.results.load_checked_run`, as ``memeval compare`` reads a run.
 """
 
 from __future__ import annotations
@@ -19,24 +21,21 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally, metrics_document
-from pytest_memeval.core.recount import RecountError, compare_counts, recount_file, recount_run
-from pytest_memeval.core.rundir import (
-    JOURNAL,
-    METRICS,
-    PREDICTIONS,
-    atomic_write,
-    read_json,
-    read_predictions,
-    sha256_file,
-    write_json,
+from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION
+from pytest_memeval.core.results import (
+    FinalizeError,
+    RunFacts,
+    RunLoadError,
+    finalize_run,
+    load_checked_run,
 )
-from pytest_memeval.core.runlayout import SUBSETS, new_subset_dir, promote, resume_target
+from pytest_memeval.core.rundir import JOURNAL, METRICS, read_json
+from pytest_memeval.core.runlayout import new_subset_dir, resume_target
 from pytest_memeval.core.runlock import LockHeld, RunLock
 
 __all__ = ["MergeError", "ShardRun", "cli_arguments", "cli_main", "load_shard", "merge_shards"]
@@ -61,6 +60,8 @@ class ShardRun:
     shard: dict[str, Any]
     ids: list[str]
     indices: list[Any]
+    #: its checked records, in its predictions' order (what the merge writes)
+    records: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
     def name(self) -> str:
@@ -78,43 +79,13 @@ def _ids(ids: Sequence[str]) -> str:
 
 def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
     """Read ``path`` as a finished shard run; append what is wrong with it to ``problems``."""
-    if not path.is_dir():
-        problems.append(f"{path}: not a directory")
-        return None
-    if not (path / METRICS).is_file():
-        # Unfinished runs are kept in subsets/<time>/ (runlayout.py), older versions left
-        # their journal at the top.
-        unfinished = (path / JOURNAL).is_file() or any((path / SUBSETS).glob(f"*/{JOURNAL}"))
-        hint = (
-            " (its journal exists: the shard run did not finish; rerun it with --memeval-resume)"
-            if unfinished
-            else ""
-        )
-        problems.append(f"{path}: no {METRICS}: not a finished run{hint}")
-        return None
-    newer = resume_target(path)
-    if newer is not None and newer != path:
-        # The shard is being re-run (or that re-run was stopped): its finished run at the
-        # top is not the one the user is working on.
-        problems.append(
-            f"{path}: a newer unfinished run of this shard is in {newer}; finish it "
-            "(pytest --memeval-resume) or remove that directory before merging"
-        )
-        return None
     try:
-        recount_run(path)
-        metrics = read_json(path / METRICS)
-        records = list(read_predictions(path / PREDICTIONS))
-    except RecountError as exc:
-        problems.append(f"{path}: fails the recount: {exc}")
+        checked = load_checked_run(path, shard=True)
+    except RunLoadError as exc:
+        problems.append(str(exc))
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        problems.append(f"{path}: unreadable run: {exc}")
-        return None
-    if not isinstance(metrics, dict):
-        problems.append(f"{path / METRICS}: not a metrics object")
-        return None
-    # predictions_sha256 was checked by recount_run above.
+    metrics = checked.metrics
+    # Files, records and the recount (predictions_sha256 included) were checked above.
     shard = (metrics.get("scope") or {}).get("shard")
     if not isinstance(shard, dict):
         problems.append(
@@ -126,8 +97,9 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
         path=path,
         metrics=metrics,
         shard=shard,
-        ids=[str(r["id"]) for r in records],
-        indices=[r.get("index") for r in records],
+        ids=list(checked.records),
+        indices=[r.get("index") for r in checked.records.values()],
+        records=list(checked.records.values()),
     )
     missing = list(metrics.get("missing") or [])
     if missing:
@@ -226,13 +198,6 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
         problems.append(f"the shards hold {len(seen)} scenario(s), the benchmark has {total}")
 
 
-def _merged_lines(runs: Sequence[ShardRun], tally: Tally) -> Iterator[str]:
-    for run in runs:
-        for record in read_predictions(run.path / PREDICTIONS):
-            tally.add(record)
-            yield json.dumps(record, ensure_ascii=False) + "\n"
-
-
 def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
     """Merge the shard runs in ``paths`` into the run directory ``out``; returns its metrics.
 
@@ -298,79 +263,72 @@ def _write_merged(runs: list[ShardRun], out: Path) -> dict[str, Any]:
     # merge there moves to previous/, and nothing is half-replaced if this one fails.
     stage = new_subset_dir(out, time.time())
     stage.mkdir(parents=True)
+    records = (record for run in runs for record in run.records)
     try:
-        metrics = _stage_merged(runs, stage)
-    except BaseException:
-        # Nothing half-written is left behind (the stage is this merge's own directory).
-        shutil.rmtree(stage, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            stage.parent.rmdir()
-        raise
-    promote(stage, out)
-    return metrics
-
-
-def _stage_merged(runs: list[ShardRun], stage: Path) -> dict[str, Any]:
-    """Write the merged predictions and metrics into ``stage``; returns the metrics."""
-    predictions = stage / PREDICTIONS
-    tally = Tally()
-    atomic_write(predictions, _merged_lines(runs, tally))
-    counts = tally.counts()
-    disagreements = compare_counts(counts, recount_file(predictions))
-    if disagreements:  # pragma: no cover - the recount and Tally disagree: a bug, not input
-        predictions.unlink()
+        done = finalize_run(records, _merged_facts(runs), stage=stage, run_dir=out)
+    except FinalizeError as exc:  # pragma: no cover - the recount and Tally disagree: a bug
+        _remove_stage(stage)
         raise MergeError(
-            ["recount disagrees with the merged aggregate: " + "; ".join(disagreements)]
-        )
+            ["recount disagrees with the merged aggregate: " + "; ".join(exc.disagreements)]
+        ) from None
+    except BaseException:
+        if not (stage / METRICS).is_file():
+            # Failed before the merged run was written: nothing half-written is left behind
+            # (the stage is this merge's own directory). With its metrics written, a failed
+            # promotion leaves every file where runlayout.promote says, as for a pytest run.
+            _remove_stage(stage)
+        raise
+    return done.metrics
 
+
+def _remove_stage(stage: Path) -> None:
+    shutil.rmtree(stage, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        stage.parent.rmdir()
+
+
+def _merged_facts(runs: list[ShardRun]) -> RunFacts:
+    """What the merged run's metrics say besides the counts: the shards' common settings."""
     first = runs[0].metrics
-    total = tally.n
+    total = sum(len(r.ids) for r in runs)
     walls = [(r.metrics.get("timing") or {}).get("wall_s") for r in runs]
+    # Shards run side by side: the merged run took as long as its slowest shard.
     wall = max((w for w in walls if isinstance(w, (int, float))), default=None)
     paths_used = sorted({str((r.metrics.get("decoding") or {}).get("path")) for r in runs})
-    scope = {
-        "benchmark_total": total,
-        "in_scope": total,
-        "selected": total,
-        "evaluated": total,
-        "subset": False,
-        "shard": None,
-        "resumed": sum(int((r.metrics.get("scope") or {}).get("resumed") or 0) for r in runs),
-    }
-    metrics = metrics_document(
-        tally,
+    return RunFacts(
         ckpt=first.get("ckpt"),
         kind=first.get("kind"),
         complete=True,
-        scope=scope,
-        missing=[],
-        not_selected=[],
+        scope={
+            "benchmark_total": total,
+            "in_scope": total,
+            "selected": total,
+            "evaluated": total,
+            "subset": False,
+            "shard": None,
+            "resumed": sum(int((r.metrics.get("scope") or {}).get("resumed") or 0) for r in runs),
+        },
         fingerprints=first.get("fingerprints") or {},
         decoding={**(first.get("decoding") or {}), "path": ",".join(paths_used)},
         benchmark=first.get("benchmark"),
-        predictions_sha256=sha256_file(predictions),
-        timing={
-            # Shards run side by side: the merged run took as long as its slowest shard.
-            "wall_s": wall,
-            "scenarios_per_s": round(total / wall, 3) if wall else None,
-            "shard_wall_s": walls,
+        wall_s=wall,
+        timing={"shard_wall_s": walls},
+        extra={
+            "merged_from": [
+                {
+                    "shard": r.shard.get("spec"),
+                    "dir": str(r.path),
+                    "n": len(r.ids),
+                    "first": r.shard.get("first"),
+                    "last": r.shard.get("last"),
+                    "predictions_sha256": r.metrics.get("predictions_sha256"),
+                }
+                for r in runs
+            ]
         },
-        merged_from=[
-            {
-                "shard": r.shard.get("spec"),
-                "dir": str(r.path),
-                "n": len(r.ids),
-                "first": r.shard.get("first"),
-                "last": r.shard.get("last"),
-                "predictions_sha256": r.metrics.get("predictions_sha256"),
-            }
-            for r in runs
-        ],
         # Every shard has the same (check_shards), and a run without says {}.
         overrides=first.get("overrides") or {},
     )
-    write_json(stage / METRICS, metrics)
-    return metrics
 
 
 def cli_arguments(parser: argparse.ArgumentParser) -> None:

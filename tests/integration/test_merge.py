@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.core import results as results_module
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.core.recount import RecountError, recount_run
 from pytest_memeval.core.rundir import sha256_file
@@ -311,7 +312,8 @@ def test_merge_that_fails_while_writing_leaves_nothing(
     def disk_full(path: Path, data: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(merge_module, "write_json", disk_full)
+    # finalize_run (core/results.py) writes the merged run, as it writes a pytest run.
+    monkeypatch.setattr(results_module, "write_json", disk_full)
     with pytest.raises(OSError, match="No space left"):
         merge_module.merge_shards(shards, out)
     assert not out.exists()  # no half-written subsets/<time>/, no lock

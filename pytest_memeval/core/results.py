@@ -1,0 +1,346 @@
+"""A run's results, written and read back: the one path each way.
+
+* :func:`finalize_run` finishes a run: it writes ``predictions.jsonl`` from the records (in the
+  order given), tallies them as they stream, recounts the written file independently, builds
+  the ``metrics.json`` document, writes it, and promotes the directory it wrote to the top of
+  the run directory when the run is finished (:mod:`.runlayout`). The controller (end of a
+  pytest session) and ``memeval merge`` both call it, so a merged run is written exactly like
+  an unsharded one.
+* :func:`load_checked_run` reads a finished run directory back, for ``memeval compare``, the
+  gate's ``--memeval-baseline``, ``memeval report`` and ``memeval merge``: both files present
+  and readable, every record well formed, the recount (counts, intervals, predictions hash)
+  agreeing with ``metrics.json``. Anything else is refused with one message naming the file
+  (and line) and what is wrong.
+
+Everything here is plain data in and out: what a run *is* (checkpoint, fingerprints,
+decoding, scope, timing) comes from the caller, so this module depends on nothing above
+``core``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_memeval.core.metrics import Tally, metrics_document
+from pytest_memeval.core.recount import RecountError, compare_counts, recount_file, recount_run
+from pytest_memeval.core.rundir import (
+    JOURNAL,
+    METRICS,
+    PREDICTIONS,
+    atomic_write,
+    sha256_file,
+    write_json,
+)
+from pytest_memeval.core.runlayout import SUBSETS, finished, promote, resume_target
+
+__all__ = [
+    "CheckedRun",
+    "FinalizeError",
+    "FinishedRun",
+    "RunFacts",
+    "RunLoadError",
+    "finalize_run",
+    "load_checked_run",
+]
+
+
+# -- writing: finalize_run ------------------------------------------------------------------
+
+
+class FinalizeError(RuntimeError):
+    """The independent recount of the written predictions disagrees with their tally.
+
+    A bug in the counting code, never bad input: ``metrics.json`` is then not written (the
+    predictions file is removed too), and ``disagreements`` says each field that differs.
+    """
+
+    def __init__(self, disagreements: Sequence[str]) -> None:
+        super().__init__("recount disagrees with the aggregate: " + "; ".join(disagreements))
+        self.disagreements = list(disagreements)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What ``metrics.json`` says about a run besides its counts (plain data from the caller).
+
+    ``wall_s`` is the run's wall time (``scenarios_per_s`` is derived from it);
+    ``timing`` holds further timing fields (a merge's ``shard_wall_s``); ``extra`` further
+    top-level fields (a merge's ``merged_from``). See docs/results-schema.md.
+    """
+
+    ckpt: Any
+    kind: Any
+    complete: bool
+    scope: Mapping[str, Any]
+    fingerprints: Mapping[str, Any]
+    decoding: Mapping[str, Any]
+    benchmark: Any
+    wall_s: float | None
+    missing: Sequence[str] = ()
+    not_selected: Sequence[str] = ()
+    #: --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    timing: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """Where :func:`finalize_run` wrote a run, and its metrics document."""
+
+    metrics: dict[str, Any]
+    #: the directory the files were written into (a ``subsets/<time>/`` or the run directory)
+    stage: Path
+    #: where the files are now: the run directory when the run was promoted, else ``stage``
+    written: Path
+    #: the ``previous/`` directory that now holds the finished run a promotion replaced
+    kept_previous: Path | None = None
+
+    @property
+    def promoted(self) -> bool:
+        return self.written != self.stage
+
+
+class _Batches:
+    """``mean_batch``/``batch_size`` of the records a batched forward pass decoded."""
+
+    def __init__(self) -> None:
+        self.n = self.total = self.largest = 0
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        batch = record.get("decode_batch")
+        if isinstance(batch, int):
+            self.n += 1
+            self.total += batch
+            self.largest = max(self.largest, int(record["decode_batch_size"]))
+
+    def timing(self) -> dict[str, Any]:
+        """Empty when no record was decoded in a batch (reference path, replay)."""
+        if not self.n:
+            return {}
+        return {"mean_batch": round(self.total / self.n, 3), "batch_size": self.largest}
+
+
+def _lines(records: Iterable[Mapping[str, Any]], tally: Tally, batches: _Batches) -> Iterator[str]:
+    for record in records:
+        tally.add(record)
+        batches.add(record)
+        yield json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def finalize_run(
+    records: Iterable[Mapping[str, Any]], facts: RunFacts, *, stage: Path, run_dir: Path
+) -> FinishedRun:
+    """Write a run's ``predictions.jsonl`` and ``metrics.json`` into ``stage`` and promote it.
+
+    ``records`` are streamed (a journal's records are never all in memory) in the order they
+    are written: benchmark order. The predictions file is written atomically and counted on
+    the way (:class:`~.metrics.Tally`); the written file is then recounted with the separate
+    code of :mod:`.recount`, and only when both agree is ``metrics.json`` written, atomically,
+    last. A finished run (:func:`.runlayout.finished`) written beside the top level
+    (``stage != run_dir``) is then promoted to the top of ``run_dir``; the finished run it
+    replaces moves to ``previous/``.
+
+    Raises :class:`FinalizeError` (nothing written) when the recount disagrees, and lets
+    ``OSError`` of the writes through (no ``metrics.json`` is then written either).
+    """
+    predictions = stage / PREDICTIONS
+    tally, batches = Tally(), _Batches()
+    atomic_write(predictions, _lines(records, tally, batches))
+    disagreements = compare_counts(tally.counts(), recount_file(predictions))
+    if disagreements:
+        predictions.unlink()
+        raise FinalizeError(disagreements)
+    wall = facts.wall_s
+    metrics = metrics_document(
+        tally,
+        ckpt=facts.ckpt,
+        kind=facts.kind,
+        complete=facts.complete,
+        scope=facts.scope,
+        missing=list(facts.missing),
+        not_selected=list(facts.not_selected),
+        fingerprints=facts.fingerprints,
+        decoding=facts.decoding,
+        benchmark=facts.benchmark,
+        predictions_sha256=sha256_file(predictions),
+        timing={
+            "wall_s": wall,
+            "scenarios_per_s": round(tally.n / wall, 3) if wall else None,
+            **batches.timing(),
+            **facts.timing,
+        },
+        **facts.extra,
+        overrides=dict(facts.overrides),
+    )
+    write_json(stage / METRICS, metrics)
+    if finished(metrics) and stage != run_dir:
+        # Only a finished run takes the top level; the one there moves to previous/.
+        kept = promote(stage, run_dir)
+        return FinishedRun(metrics=metrics, stage=stage, written=run_dir, kept_previous=kept)
+    return FinishedRun(metrics=metrics, stage=stage, written=stage)
+
+
+# -- reading: load_checked_run --------------------------------------------------------------
+
+
+class RunLoadError(ValueError):
+    """A run directory that cannot be used; the message names the file (and line) and why."""
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """A run directory read back and checked: its metrics and its records by scenario id, in
+    the order of ``predictions.jsonl`` (benchmark order)."""
+
+    path: Path
+    metrics: dict[str, Any]
+    records: dict[str, dict[str, Any]]
+
+    @property
+    def ckpt(self) -> str:
+        return str(self.metrics.get("ckpt", self.path.name))
+
+
+def load_checked_run(path: Path, *, shard: bool = False) -> CheckedRun:
+    """Read the finished run at the top of ``path``; raise :class:`RunLoadError` if unusable.
+
+    Refused, each with one message naming the file (and line): a path that is not a
+    directory; no ``metrics.json`` (an unfinished run, with a hint when its journal exists);
+    no ``predictions.jsonl``; an unreadable or malformed file; a record that is not a
+    scenario record, or an id twice; metrics that disagree with the recount of the
+    predictions (counts, intervals, ``predictions_sha256``: a file edited after the run).
+
+    ``shard``: read a shard run for ``memeval merge`` (and the Slurm shard check): the
+    messages say "shard", and a newer unfinished run of the shard in ``subsets/<time>/`` is
+    refused too (that shard is being re-run: its finished run at the top is not the one the
+    user works on). ``memeval compare`` and the gate read the finished run at the top
+    whatever is being run beside it, as the terminal summary of such a run says.
+
+    Whether the run is *complete* (or a shard, or a subset) is the caller's question: the
+    result says what its metrics say.
+    """
+    if not path.is_dir():
+        raise RunLoadError(f"{path}: not a run directory")
+    if not (path / METRICS).is_file():
+        # Unfinished runs are kept in subsets/<time>/ (runlayout.py); older versions left
+        # their journal at the top.
+        unfinished = (path / JOURNAL).is_file() or any((path / SUBSETS).glob(f"*/{JOURNAL}"))
+        hint = (
+            f" (its journal exists: the {'shard ' if shard else ''}run did not finish; rerun "
+            "it with --memeval-resume)"
+            if unfinished
+            else ""
+        )
+        raise RunLoadError(f"{path}: no {METRICS}: not a finished run{hint}")
+    if shard:
+        newer = resume_target(path)
+        if newer is not None and newer != path:
+            raise RunLoadError(
+                f"{path}: a newer unfinished run of this shard is in {newer}; finish it "
+                "(pytest --memeval-resume) or remove that directory before merging"
+            )
+    if not (path / PREDICTIONS).is_file():
+        raise RunLoadError(f"{path / PREDICTIONS}: missing (it belongs beside {METRICS})")
+    metrics = _read_metrics(path / METRICS)
+    records = _read_records(path / PREDICTIONS)
+    try:
+        recount_run(path)
+    except RecountError as exc:
+        raise RunLoadError(f"{path}: fails the recount: {exc}") from None
+    except OSError as exc:  # a file removed or made unreadable since it was read above
+        raise RunLoadError(f"{path}: unreadable run: {exc}") from None
+    return CheckedRun(path=path, metrics=metrics, records=records)
+
+
+def _read_metrics(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunLoadError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise RunLoadError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    try:
+        metrics = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunLoadError(
+            f"{path}: malformed JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+        ) from None
+    if not isinstance(metrics, dict):
+        raise RunLoadError(f"{path}: not a metrics object")
+    _check_metrics(metrics, str(path))
+    return metrics
+
+
+def _read_records(path: Path) -> dict[str, dict[str, Any]]:
+    records: dict[str, dict[str, Any]] = {}
+    first_line: dict[str, int] = {}
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise RunLoadError(f"{where}: malformed record ({exc.msg})") from None
+                record = _check_record(obj, where)
+                sid = record["id"]
+                if sid in records:
+                    raise RunLoadError(
+                        f"{where}: scenario {sid!r} appears twice (first on line {first_line[sid]})"
+                    )
+                records[sid] = record
+                first_line[sid] = lineno
+    except UnicodeDecodeError as exc:
+        raise RunLoadError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise RunLoadError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    return records
+
+
+# -- the one place each loaded record and metrics document is checked -------------------------
+# ISSUE 11 (records part): core.records' validate_record(obj, where) -> Record and its
+# metrics counterpart replace the two functions below; they check only what the recount,
+# compare and merge read, so that a malformed run is refused here with its file and line
+# rather than failing later with a KeyError/TypeError.
+
+
+def _check_record(obj: Any, where: str) -> dict[str, Any]:
+    """``obj`` (line ``where`` of a predictions file) as a scenario record, or refused."""
+    if not isinstance(obj, dict) or "id" not in obj:
+        raise RunLoadError(f"{where}: not a scenario record")
+    if not isinstance(obj["id"], str):
+        raise RunLoadError(f"{where}: id {obj['id']!r} is not a string")
+    for key in ("final_match", "parse_fail", "aligned", "turns"):
+        if key not in obj:
+            raise RunLoadError(f"{where}: scenario {obj['id']!r}: no {key!r}")
+    if not isinstance(obj["turns"], list):
+        raise RunLoadError(f"{where}: scenario {obj['id']!r}: 'turns' is not a list")
+    for i, turn in enumerate(obj["turns"]):
+        if not isinstance(turn, dict):
+            raise RunLoadError(f"{where}: scenario {obj['id']!r}: turn {i} is not an object")
+        for key in ("index", "match", "parse_fail"):
+            if key not in turn:
+                raise RunLoadError(f"{where}: scenario {obj['id']!r}: turn {i} has no {key!r}")
+        if not isinstance(turn["index"], int) or isinstance(turn["index"], bool):
+            raise RunLoadError(
+                f"{where}: scenario {obj['id']!r}: turn {i} index {turn['index']!r} is not "
+                "an integer"
+            )
+    return obj
+
+
+def _check_metrics(metrics: dict[str, Any], where: str) -> None:
+    """The fields of ``metrics.json`` read as objects or lists before the recount runs."""
+    for key in ("scope",):
+        if metrics.get(key) is not None and not isinstance(metrics[key], dict):
+            raise RunLoadError(f"{where}: {key!r} is not an object")
+    for key in ("missing", "not_selected"):
+        if metrics.get(key) is not None and not isinstance(metrics[key], list):
+            raise RunLoadError(f"{where}: {key!r} is not a list")
