@@ -287,7 +287,7 @@ _KIND_NAMES: dict[_Kind, str] = {
     "number": "a number",
     "bool": "true or false",
     "list": "a list",
-    "object": "an object",
+    "object": "a JSON object",
 }
 #: (field, kind, nullable)
 _Spec = tuple[str, _Kind, bool]
