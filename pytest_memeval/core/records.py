@@ -591,6 +591,13 @@ def validate_metrics(obj: object, where: str, *, counts_only: bool = False) -> M
         (("final", "int", False), ("turns", "int", False)),
         prefix="parse_fail.",
     )
+    if "fingerprints" in doc:
+        check.fields(
+            cast("dict[str, object]", doc["fingerprints"]),
+            tuple((k, "str", True) for k in ("benchmark", "model", "adapter", "decoding")),
+            prefix="fingerprints.",
+            required=False,
+        )
     for ids in ("missing", "not_selected"):
         if ids in doc:
             check.strings(doc[ids], ids)

@@ -32,11 +32,15 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, Scenario
 from pytest_memeval.core.profiles import Profile
-from pytest_memeval.core.records import Prediction, RecordError, validate_prediction
+from pytest_memeval.core.records import (
+    Prediction,
+    RecordError,
+    validate_metrics,
+    validate_prediction,
+)
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, METRICS
 from pytest_memeval.decode._types import Rollout, TurnOutput
 
@@ -94,15 +98,24 @@ def source_fingerprints(profile: Profile) -> dict[str, str | None]:
     """
     assert profile.predictions is not None
     metrics_path = profile.predictions.parent / METRICS
-    fps: dict[str, Any] = {}
-    if metrics_path.is_file():
-        try:
-            fps = json.loads(metrics_path.read_text(encoding="utf-8")).get("fingerprints", {})
-        except (OSError, ValueError, AttributeError) as exc:
-            raise BenchmarkError(
-                f"{metrics_path}: unreadable metrics of the replayed run ({exc})"
-            ) from None
-    return {k: fps.get(k) for k in ("model", "adapter", "decoding")}
+    if not metrics_path.is_file():
+        return dict.fromkeys(("model", "adapter", "decoding"))
+    try:
+        text = metrics_path.read_text(encoding="utf-8")
+        # counts_only: only the fingerprints are read here (typed where present).
+        metrics = validate_metrics(json.loads(text), str(metrics_path), counts_only=True)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BenchmarkError(
+            f"{metrics_path}: unreadable metrics of the replayed run ({exc})"
+        ) from None
+    except RecordError as exc:  # names the file and the field
+        raise BenchmarkError(f"metrics of the replayed run: {exc}") from None
+    fps = metrics.get("fingerprints", {})
+    return {
+        "model": fps.get("model"),
+        "adapter": fps.get("adapter"),
+        "decoding": fps.get("decoding"),
+    }
 
 
 def _turn_count_problem(prediction: Prediction, scenario: Scenario) -> str | None:

@@ -308,6 +308,11 @@ def test_read_records_names_the_line(tmp_path: Path) -> None:
         ({"stop_flags": "some"}, "stop_flags", "field 'stop_flags' must be one of present, "),
         ({"n": 5}, "m1.total", "field 'm1.total' is 4, but 'n' is 5"),
         ({"timing": 3.5}, "timing", "field 'timing' must be a JSON object, got 3.5"),
+        (
+            {"fingerprints": {"model": 3}},
+            "fingerprints.model",
+            "field 'fingerprints.model' must be a string or null, got 3",
+        ),
     ],
 )
 def test_bad_metrics_are_refused_naming_the_field(
