@@ -289,10 +289,29 @@ _KIND_NAMES: dict[_Kind, str] = {
     "list": "a list",
     "object": "a JSON object",
 }
-#: (field, kind, nullable)
-_Spec = tuple[str, _Kind, bool]
+#: The exact Python types ``json.loads`` makes for each kind: the fast path of the check
+#: (one set lookup per field; it runs on every turn of every record a reader loads).
+_JSON_TYPES: dict[_Kind, frozenset[type]] = {
+    "str": frozenset({str}),
+    "int": frozenset({int}),
+    "number": frozenset({int, float}),
+    "bool": frozenset({bool}),
+    "list": frozenset({list}),
+    "object": frozenset({dict}),
+}
+#: (field, kind, nullable, the types that pass at once)
+_Spec = tuple[str, _Kind, bool, frozenset[type]]
 
-_RECORD_REQUIRED: tuple[_Spec, ...] = (
+
+def _specs(*fields: tuple[str, _Kind, bool]) -> tuple[_Spec, ...]:
+    """Field specs ``(name, kind, nullable)`` with their fast-path types."""
+    return tuple(
+        (name, kind, nullable, _JSON_TYPES[kind] | ({type(None)} if nullable else set()))
+        for name, kind, nullable in fields
+    )
+
+
+_RECORD_REQUIRED = _specs(
     ("index", "int", False),
     ("final_pred", "str", False),
     ("final_gt", "str", False),
@@ -307,7 +326,7 @@ _RECORD_REQUIRED: tuple[_Spec, ...] = (
     ("decode", "str", False),
     ("prompt_tail", "str", False),
 )
-_RECORD_OPTIONAL: tuple[_Spec, ...] = (
+_RECORD_OPTIONAL = _specs(
     ("worker", "str", False),
     ("device", "str", False),
     ("decode_s", "number", False),
@@ -316,7 +335,7 @@ _RECORD_OPTIONAL: tuple[_Spec, ...] = (
     ("decode_batch", "int", False),
     ("decode_batch_size", "int", False),
 )
-_TURN_REQUIRED: tuple[_Spec, ...] = (
+_TURN_REQUIRED = _specs(
     ("index", "int", False),
     ("message_index", "int", False),
     ("pred", "str", False),
@@ -328,24 +347,27 @@ _TURN_REQUIRED: tuple[_Spec, ...] = (
     ("granularity", "str", False),
     ("generated", "bool", False),
 )
-_RATE_REQUIRED: tuple[_Spec, ...] = (
+_OVERLONG = _specs(("tokens", "int", False), ("limit", "int", False))
+_PARSE_FAIL = _specs(("final", "int", False), ("turns", "int", False))
+_FINGERPRINTS = _specs(*((k, "str", True) for k in ("benchmark", "model", "adapter", "decoding")))
+_RATE_REQUIRED = _specs(
     ("correct", "int", False),
     ("total", "int", False),
     ("rate", "number", True),
 )
-_RATE_OPTIONAL: tuple[_Spec, ...] = (
+_RATE_OPTIONAL = _specs(
     ("ci95", "list", True),
     ("ci95_method", "str", True),
     ("clusters", "int", False),
 )
-_COUNTS_REQUIRED: tuple[_Spec, ...] = (
+_COUNTS_REQUIRED = _specs(
     ("n", "int", False),
     ("m1", "object", False),
     ("m2", "object", False),
     ("unaligned", "int", False),
     ("parse_fail", "object", False),
 )
-_METRICS_REQUIRED: tuple[_Spec, ...] = (
+_METRICS_REQUIRED = _specs(
     ("schema_version", "int", False),
     ("ckpt", "str", False),
     ("kind", "str", False),
@@ -354,7 +376,7 @@ _METRICS_REQUIRED: tuple[_Spec, ...] = (
     ("missing", "list", False),
     ("not_selected", "list", False),
 )
-_METRICS_OPTIONAL: tuple[_Spec, ...] = (
+_METRICS_OPTIONAL = _specs(
     ("stop_flags", "str", False),
     ("overlong", "int", False),
     ("m2_by_position", "object", False),
@@ -423,20 +445,19 @@ class _Checker:
         prefix: str = "",
         required: bool = True,
     ) -> None:
-        for key, kind, nullable in specs:
-            name = prefix + key
+        for key, kind, nullable, fast in specs:
             if key not in obj:
                 if required:
-                    raise self.fail(name, f"missing field {name!r}")
+                    raise self.fail(prefix + key, f"missing field {prefix + key!r}")
                 continue
             value = obj[key]
-            if value is None and nullable:
-                continue
-            if not _is(value, kind):
-                null = " or null" if nullable else ""
-                raise self.fail(
-                    name, f"field {name!r} must be {_KIND_NAMES[kind]}{null}, got {_shown(value)}"
-                )
+            if type(value) in fast or (value is None and nullable) or _is(value, kind):
+                continue  # the last two: values built in Python (subclasses), not read
+            name = prefix + key
+            null = " or null" if nullable else ""
+            raise self.fail(
+                name, f"field {name!r} must be {_KIND_NAMES[kind]}{null}, got {_shown(value)}"
+            )
 
     def strings(self, value: object, name: str) -> None:
         assert isinstance(value, list)
@@ -486,7 +507,7 @@ def validate_record(obj: object, where: str) -> Record:
     if "overlong" in record:
         check.fields(
             check.obj(record["overlong"], "overlong"),
-            (("tokens", "int", False), ("limit", "int", False)),
+            _OVERLONG,
             prefix="overlong.",
         )
     if record["parse_fail"] is True and record["final_match"] is True:
@@ -588,13 +609,13 @@ def validate_metrics(obj: object, where: str, *, counts_only: bool = False) -> M
         check.fields(rates, _RATE_OPTIONAL, prefix=f"{block}.", required=False)
     check.fields(
         check.obj(doc["parse_fail"], "parse_fail"),
-        (("final", "int", False), ("turns", "int", False)),
+        _PARSE_FAIL,
         prefix="parse_fail.",
     )
     if "fingerprints" in doc:
         check.fields(
             cast("dict[str, object]", doc["fingerprints"]),
-            tuple((k, "str", True) for k in ("benchmark", "model", "adapter", "decoding")),
+            _FINGERPRINTS,
             prefix="fingerprints.",
             required=False,
         )

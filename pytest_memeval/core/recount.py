@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pytest_memeval.core.records import (
@@ -37,10 +37,10 @@ class RecountError(RuntimeError):
     """``metrics.json`` disagrees with ``predictions.jsonl``, or either is unreadable."""
 
 
-def _records(path: Path) -> list[Record]:
+def _records(path: Path) -> Iterator[Record]:
     """The checked records of ``path`` (:func:`.records.read_records`), or RecountError."""
     try:
-        return list(read_records(path))
+        yield from read_records(path)
     except RecordError as exc:
         raise RecountError(str(exc)) from None
     except UnicodeDecodeError as exc:
@@ -53,6 +53,12 @@ def recount_file(path: Path) -> Counts:
     Every record is checked first (:func:`.records.validate_record`, ids once): a bad line
     is a :class:`RecountError` naming file, line, scenario and field.
     """
+    return _recount(path)[0]
+
+
+def _recount(path: Path) -> tuple[Counts, dict[str, dict[str, int]]]:
+    """The count fields and ``m2_by_position``, in one pass over the file."""
+    positions: dict[str, dict[str, int]] = {}
     n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
     with_flags = without_flags = overlong = 0
     per_scenario: list[tuple[int, int]] = []  # (right, scored) of each aligned scenario
@@ -76,14 +82,17 @@ def recount_file(path: Path) -> Counts:
                 pf_turns += 1
             if rec["aligned"] is True and turn["match"] is not None:
                 here_scored += 1
+                slot = positions.setdefault(str(turn["index"]), {"correct": 0, "total": 0})
+                slot["total"] += 1
                 if turn["match"] is True:
                     here_ok += 1
+                    slot["correct"] += 1
         turn_scored += here_scored
         turn_ok += here_ok
         per_scenario.append((here_ok, here_scored))
     m1_ci = rate_with_ci(final_ok, n)
     m2_ci = clustered_rate_with_ci(turn_ok, ClusterSums.of(per_scenario))
-    return {
+    counts: Counts = {
         "n": n,
         "m1": {
             "correct": final_ok,
@@ -105,6 +114,7 @@ def recount_file(path: Path) -> Counts:
         "stop_flags": _stop_flags(with_flags, without_flags),
         "overlong": overlong,
     }
+    return counts, dict(sorted(positions.items(), key=lambda kv: int(kv[0])))
 
 
 def _stop_flags(with_flags: int, without_flags: int) -> str:
@@ -140,23 +150,9 @@ def compare_counts(claimed: Mapping[str, object], recounted: Counts) -> list[str
     return problems
 
 
-def _positions(records: list[Record]) -> dict[str, dict[str, int]]:
-    """m2 per turn position, recounted (aligned scenarios only)."""
-    out: dict[str, dict[str, int]] = {}
-    for rec in records:
-        if rec["aligned"] is not True:
-            continue
-        for turn in rec["turns"]:
-            if turn["match"] is None:
-                continue
-            slot = out.setdefault(str(turn["index"]), {"correct": 0, "total": 0})
-            slot["total"] += 1
-            if turn["match"] is True:
-                slot["correct"] += 1
-    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
-
-
-def _check_claims(claimed: Metrics, recounted: Counts, path: Path) -> list[str]:
+def _check_claims(
+    claimed: Metrics, recounted: Counts, positions: dict[str, dict[str, int]], path: Path
+) -> list[str]:
     """What else metrics.json claims that readers (compare, report, gate) rely on."""
     problems = []
     sha = claimed.get("predictions_sha256")
@@ -165,7 +161,7 @@ def _check_claims(claimed: Metrics, recounted: Counts, path: Path) -> list[str]:
             f"predictions_sha256: {path.name} is not the file these metrics were written for "
             "(edited after the run?)"
         )
-    if "m2_by_position" in claimed and claimed["m2_by_position"] != _positions(_records(path)):
+    if "m2_by_position" in claimed and claimed["m2_by_position"] != positions:
         problems.append("m2_by_position: does not match the recount of the turns")
     if claimed.get("complete") is True:
         scope = claimed.get("scope") or {}
@@ -205,9 +201,9 @@ def recount_run(run_dir: Path) -> Counts:
         raise RecountError(f"{metrics_path}: not UTF-8 text ({exc.reason})") from None
     except RecordError as exc:
         raise RecountError(str(exc)) from None
-    recounted = recount_file(predictions_path)
+    recounted, positions = _recount(predictions_path)
     problems = compare_counts(claimed, recounted)
-    problems += _check_claims(claimed, recounted, predictions_path)
+    problems += _check_claims(claimed, recounted, positions, predictions_path)
     if problems:
         raise RecountError(
             f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems)
