@@ -408,16 +408,12 @@ def _is(value: object, kind: _Kind) -> bool:
 
 
 def _shown(value: object) -> str:
-    text = json.dumps(value, ensure_ascii=False) if _jsonable(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _jsonable(value: object) -> bool:
+    """``value`` as the file spells it (JSON), shortened for a message."""
     try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # not JSON data: a record built in Python
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Checker:
@@ -451,8 +447,8 @@ class _Checker:
                     raise self.fail(prefix + key, f"missing field {prefix + key!r}")
                 continue
             value = obj[key]
-            if type(value) in fast or (value is None and nullable) or _is(value, kind):
-                continue  # the last two: values built in Python (subclasses), not read
+            if type(value) in fast or _is(value, kind):
+                continue  # _is: subclasses, in records built in Python rather than read
             name = prefix + key
             null = " or null" if nullable else ""
             raise self.fail(
