@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_memeval.core.records import SCHEMA_VERSION, Counts, RateBlock
 from pytest_memeval.core.stats import ClusterSums, clustered_rate_with_ci, rate_with_ci
 
 __all__ = [
@@ -22,11 +23,12 @@ __all__ = [
     "stop_flags_kind",
 ]
 
-#: Version of ``metrics.json``; bump on any incompatible change (docs/results-schema.md).
-METRICS_SCHEMA_VERSION = 1
+#: Version of ``metrics.json``: the one results-schema version,
+#: :data:`pytest_memeval.core.records.SCHEMA_VERSION` (this name is kept for its importers).
+METRICS_SCHEMA_VERSION = SCHEMA_VERSION
 
 
-def rate_block(correct: int, total: int) -> dict[str, Any]:
+def rate_block(correct: int, total: int) -> RateBlock:
     """``{"correct", "total", "rate"}``; rate is null when nothing was scored."""
     return {"correct": correct, "total": total, "rate": (correct / total) if total else None}
 
@@ -40,8 +42,15 @@ def stop_flags_kind(without: int, n: int) -> str:
     return "absent" if without == n else "mixed"
 
 
-def _interval(block: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: block[k] for k in ("ci95", "ci95_method", "clusters") if k in block}
+def _with_interval(block: RateBlock, interval: Mapping[str, Any]) -> RateBlock:
+    """``block`` with the interval fields of ``interval`` (stats' result) that it has."""
+    if "ci95" in interval:
+        block["ci95"] = interval["ci95"]
+    if "ci95_method" in interval:
+        block["ci95_method"] = interval["ci95_method"]
+    if "clusters" in interval:
+        block["clusters"] = interval["clusters"]
+    return block
 
 
 @dataclass
@@ -90,7 +99,7 @@ class Tally:
             self.add(record)
         return self
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> Counts:
         """The count fields of ``metrics.json`` (those the recount must reproduce).
 
         m1 carries its 95% Wilson interval; m2 its interval clustered by scenario (the turns
@@ -100,11 +109,11 @@ class Tally:
         m1 = rate_with_ci(self.m1_correct, self.n)
         return {
             "n": self.n,
-            "m1": {**rate_block(self.m1_correct, self.n), **_interval(m1)},
-            "m2": {
-                **rate_block(self.m2_correct, self.m2_total),
-                **_interval(clustered_rate_with_ci(self.m2_correct, self.m2_clusters)),
-            },
+            "m1": _with_interval(rate_block(self.m1_correct, self.n), m1),
+            "m2": _with_interval(
+                rate_block(self.m2_correct, self.m2_total),
+                clustered_rate_with_ci(self.m2_correct, self.m2_clusters),
+            ),
             "unaligned": self.unaligned,
             "parse_fail": {"final": self.parse_fail_final, "turns": self.parse_fail_turns},
             "stop_flags": stop_flags_kind(self.no_stop_flags, self.n),

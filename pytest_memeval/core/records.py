@@ -1,15 +1,65 @@
-"""Plain-data records that flow between the stages: decoder outputs (:class:`TurnOutput`,
-:class:`Rollout`).
+"""Plain-data records that flow between the stages, and the one check of their schema.
 
-They carry no behaviour and import nothing heavy, so every stage (scoring in ``core``, the
-decoders, the runtime) can share them without depending on one another.
+* decoder outputs: :class:`TurnOutput`, :class:`Rollout`;
+* the per-scenario record (one line of ``predictions.jsonl``, built by
+  :func:`pytest_memeval.core.scoring.score`): :class:`Record` with its :class:`Turn` entries;
+* the metrics document (``metrics.json``): :class:`Metrics` with its blocks;
+* a line of a predictions file to replay (``kind = "replay"``): :class:`Prediction`.
+
+Every field is documented in ``docs/results-schema.md`` (version :data:`SCHEMA_VERSION`).
+JSON read from disk is checked once, here, by :func:`validate_record`,
+:func:`validate_metrics` and :func:`validate_prediction`: each raises :class:`RecordError`
+naming the place (file:line, scenario), the field and what is wrong, or returns the object
+typed, so readers index it without further ``isinstance`` checks and a reader's ``KeyError``
+or ``TypeError`` is a bug, never bad input.
+
+This module carries no behaviour beyond the checks and imports nothing heavy, so every stage
+(scoring in ``core``, the decoders, the runtime, the tools) can share it.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypedDict, cast
 
-__all__ = ["Rollout", "TurnOutput"]
+from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Counts",
+    "Fingerprints",
+    "Metrics",
+    "Overlong",
+    "ParseFailCounts",
+    "Prediction",
+    "PredictionTurn",
+    "RateBlock",
+    "Record",
+    "RecordError",
+    "Rollout",
+    "Turn",
+    "TurnOutput",
+    "read_records",
+    "validate_metrics",
+    "validate_prediction",
+    "validate_record",
+]
+
+#: Version of the results schema (``predictions.jsonl`` records and ``metrics.json``'s
+#: ``schema_version``); bump on any incompatible change (docs/results-schema.md).
+SCHEMA_VERSION = 1
+
+#: How a turn is scored: against ``memory_chain[i]``, the message itself (no chain), or not
+#: at all (the turn count differs from the chain).
+GRANULARITIES = ("memory_chain", "message", "unaligned")
+#: ``stop_flags`` of metrics.json (see :func:`pytest_memeval.core.metrics.stop_flags_kind`).
+STOP_FLAGS = ("present", "absent", "mixed")
+
+
+# -- decoder outputs ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -40,3 +90,636 @@ class Rollout:
     #: (0, 0: not decoded by a batched pass, e.g. the reference path)
     batch: int = 0
     batch_size: int = 0
+
+
+# -- the per-scenario record (predictions.jsonl) -----------------------------------------------
+
+
+class Turn(TypedDict):
+    """One non-final assistant turn of a :class:`Record`."""
+
+    index: int
+    message_index: int
+    pred: str
+    gt: str | None
+    target: str
+    match: bool | None
+    parse_fail: bool
+    stopped: bool | None
+    granularity: str
+    generated: bool
+
+
+class Overlong(TypedDict):
+    """``overlong`` of a record evaluated past the model's context on request."""
+
+    tokens: int
+    limit: int
+
+
+class _RecordFields(TypedDict):
+    id: str
+    index: int
+    final_pred: str
+    final_gt: str
+    final_match: bool
+    parse_fail: bool
+    parse_fail_reason: str | None
+    final_stopped: bool | None
+    aligned: bool
+    n_turns: int
+    n_memory_chain: int | None
+    turns: list[Turn]
+    decode: str
+    prompt_tail: str
+
+
+class Record(_RecordFields, total=False):
+    """One line of ``predictions.jsonl``: what :func:`~pytest_memeval.core.scoring.score`
+    builds, plus the context the runtime adds (``worker``, ``device``, ``decode_s``, the
+    batch fields) and the optional ``notes`` and ``overlong``."""
+
+    worker: str
+    device: str
+    decode_s: float
+    notes: list[str]
+    overlong: Overlong
+    decode_batch: int
+    decode_batch_size: int
+
+
+# -- the metrics document (metrics.json) ----------------------------------------------------
+
+
+class _RateCounts(TypedDict):
+    correct: int
+    total: int
+    rate: float | None
+
+
+class RateBlock(_RateCounts, total=False):
+    """``m1`` / ``m2``: the counts, the rate (null when nothing was scored) and, in runs
+    written since intervals exist, the 95% interval (``clusters``: m2 only)."""
+
+    ci95: list[float] | None
+    ci95_method: str | None
+    clusters: int
+
+
+class ParseFailCounts(TypedDict):
+    """``parse_fail`` of metrics.json: unparseable final answers and turns."""
+
+    final: int
+    turns: int
+
+
+class PositionCounts(TypedDict):
+    """One entry of ``m2_by_position``."""
+
+    correct: int
+    total: int
+
+
+class Fingerprints(TypedDict, total=False):
+    """``fingerprints`` of metrics.json (``sha256:`` hashes; null where there is nothing)."""
+
+    benchmark: str | None
+    model: str | None
+    adapter: str | None
+    decoding: str | None
+
+
+class _CountFields(TypedDict):
+    n: int
+    m1: RateBlock
+    m2: RateBlock
+    unaligned: int
+    parse_fail: ParseFailCounts
+
+
+class Counts(_CountFields, total=False):
+    """The count fields of ``metrics.json``: what the aggregate
+    (:meth:`pytest_memeval.core.metrics.Tally.counts`) and the recount
+    (:func:`pytest_memeval.core.recount.recount_file`) compute and must agree on.
+    ``stop_flags`` and ``overlong`` came later: older metrics lack them."""
+
+    stop_flags: str
+    overlong: int
+
+
+class _MetricsFields(_CountFields):
+    schema_version: int
+    ckpt: str
+    kind: str
+    complete: bool
+    scope: dict[str, object]
+    missing: list[str]
+    not_selected: list[str]
+
+
+class Metrics(_MetricsFields, total=False):
+    """``metrics.json`` (docs/results-schema.md). The required fields are those
+    :func:`validate_metrics` requires; the others came later (readers default
+    ``stop_flags`` to ``present`` and ``overlong`` to 0), are not in every hand-made run,
+    or belong to some writers only (``overrides``, ``merged_from``)."""
+
+    stop_flags: str
+    overlong: int
+    m2_by_position: dict[str, PositionCounts]
+    generated_turns: int
+    fingerprints: Fingerprints
+    decoding: dict[str, object]
+    benchmark: dict[str, object] | None
+    predictions_sha256: str
+    timing: dict[str, object]
+    created: str
+    overrides: dict[str, object]
+    merged_from: list[dict[str, object]]
+
+
+# -- a line of a predictions file to replay ----------------------------------------------------
+
+
+class PredictionTurn(TypedDict):
+    """One turn of a :class:`Prediction`: the text and its stop flag (None: not given)."""
+
+    pred: str
+    stopped: bool | None
+
+
+class Prediction(TypedDict):
+    """A replay line, normalised: stop flags are None where the line has none, and
+    ``prompt_tail`` is ``""`` unless the line has a string there."""
+
+    id: str
+    final_pred: str
+    final_stopped: bool | None
+    turns: list[PredictionTurn]
+    prompt_tail: str
+
+
+# -- the checks ------------------------------------------------------------------------------
+
+
+class RecordError(ValueError):
+    """A record, metrics document or prediction line does not follow the schema.
+
+    ``str(error)`` is ``"<where>: <problem>"``; ``where`` names the place (``file:line``,
+    then ``scenario 'id'`` once the id is known), ``field`` the offending field (a path such
+    as ``turns[2].match``, or None when the object itself is wrong) and ``problem`` what is
+    wrong with it. ``scenario`` is the record's id when it could be read.
+    """
+
+    def __init__(
+        self, where: str, field: str | None, problem: str, scenario: str | None = None
+    ) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.field = field
+        self.problem = problem
+        self.scenario = scenario
+
+
+_Kind = Literal["str", "int", "number", "bool", "list", "object"]
+_KIND_NAMES: dict[_Kind, str] = {
+    "str": "a string",
+    "int": "an integer",
+    "number": "a number",
+    "bool": "true or false",
+    "list": "a list",
+    "object": "a JSON object",
+}
+#: The exact Python types ``json.loads`` makes for each kind: the fast path of the check
+#: (one set lookup per field; it runs on every turn of every record a reader loads).
+_JSON_TYPES: dict[_Kind, frozenset[type]] = {
+    "str": frozenset({str}),
+    "int": frozenset({int}),
+    "number": frozenset({int, float}),
+    "bool": frozenset({bool}),
+    "list": frozenset({list}),
+    "object": frozenset({dict}),
+}
+#: (field, kind, nullable, the types that pass at once)
+_Spec = tuple[str, _Kind, bool, frozenset[type]]
+
+
+def _specs(*fields: tuple[str, _Kind, bool]) -> tuple[_Spec, ...]:
+    """Field specs ``(name, kind, nullable)`` with their fast-path types."""
+    return tuple(
+        (name, kind, nullable, _JSON_TYPES[kind] | ({type(None)} if nullable else set()))
+        for name, kind, nullable in fields
+    )
+
+
+_RECORD_REQUIRED = _specs(
+    ("index", "int", False),
+    ("final_pred", "str", False),
+    ("final_gt", "str", False),
+    ("final_match", "bool", False),
+    ("parse_fail", "bool", False),
+    ("parse_fail_reason", "str", True),
+    ("final_stopped", "bool", True),
+    ("aligned", "bool", False),
+    ("n_turns", "int", False),
+    ("n_memory_chain", "int", True),
+    ("turns", "list", False),
+    ("decode", "str", False),
+    ("prompt_tail", "str", False),
+)
+_RECORD_OPTIONAL = _specs(
+    ("worker", "str", False),
+    ("device", "str", False),
+    ("decode_s", "number", False),
+    ("notes", "list", False),
+    ("overlong", "object", False),
+    ("decode_batch", "int", False),
+    ("decode_batch_size", "int", False),
+)
+_TURN_REQUIRED = _specs(
+    ("index", "int", False),
+    ("message_index", "int", False),
+    ("pred", "str", False),
+    ("gt", "str", True),
+    ("target", "str", False),
+    ("match", "bool", True),
+    ("parse_fail", "bool", False),
+    ("stopped", "bool", True),
+    ("granularity", "str", False),
+    ("generated", "bool", False),
+)
+_OVERLONG = _specs(("tokens", "int", False), ("limit", "int", False))
+_PARSE_FAIL = _specs(("final", "int", False), ("turns", "int", False))
+_FINGERPRINTS = _specs(*((k, "str", True) for k in ("benchmark", "model", "adapter", "decoding")))
+_RATE_REQUIRED = _specs(
+    ("correct", "int", False),
+    ("total", "int", False),
+    ("rate", "number", True),
+)
+_RATE_OPTIONAL = _specs(
+    ("ci95", "list", True),
+    ("ci95_method", "str", True),
+    ("clusters", "int", False),
+)
+_COUNTS_REQUIRED = _specs(
+    ("n", "int", False),
+    ("m1", "object", False),
+    ("m2", "object", False),
+    ("unaligned", "int", False),
+    ("parse_fail", "object", False),
+)
+_METRICS_REQUIRED = _specs(
+    ("schema_version", "int", False),
+    ("ckpt", "str", False),
+    ("kind", "str", False),
+    ("complete", "bool", False),
+    ("scope", "object", False),
+    ("missing", "list", False),
+    ("not_selected", "list", False),
+)
+_METRICS_OPTIONAL = _specs(
+    ("stop_flags", "str", False),
+    ("overlong", "int", False),
+    ("m2_by_position", "object", False),
+    ("generated_turns", "int", False),
+    ("fingerprints", "object", False),
+    ("decoding", "object", False),
+    ("benchmark", "object", True),
+    ("predictions_sha256", "str", False),
+    ("timing", "object", False),
+    ("created", "str", False),
+    ("overrides", "object", False),
+    ("merged_from", "list", False),
+)
+
+
+def _is(value: object, kind: _Kind) -> bool:
+    # bool is an int subclass in Python, but true is not a count in JSON.
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "list":
+        return isinstance(value, list)
+    return isinstance(value, dict)
+
+
+def _shown(value: object) -> str:
+    """``value`` as the file spells it (JSON), shortened for a message."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # not JSON data: a record built in Python
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Checker:
+    """Checks the fields of one JSON object; every error names ``where`` and the field."""
+
+    def __init__(self, where: str, scenario: str | None = None) -> None:
+        self.where = where
+        self.scenario = scenario
+
+    def fail(self, name: str | None, problem: str) -> RecordError:
+        return RecordError(self.where, name, problem, self.scenario)
+
+    def obj(self, value: object, name: str | None, hint: str = "") -> dict[str, object]:
+        if not isinstance(value, dict):
+            if name is None:
+                raise self.fail(None, f"not a JSON object{hint}, got {_shown(value)}")
+            raise self.fail(name, f"field {name!r} must be a JSON object, got {_shown(value)}")
+        return cast("dict[str, object]", value)
+
+    def fields(
+        self,
+        obj: Mapping[str, object],
+        specs: tuple[_Spec, ...],
+        *,
+        prefix: str = "",
+        required: bool = True,
+    ) -> None:
+        for key, kind, nullable, fast in specs:
+            if key not in obj:
+                if required:
+                    raise self.fail(prefix + key, f"missing field {prefix + key!r}")
+                continue
+            value = obj[key]
+            if type(value) in fast or _is(value, kind):
+                continue  # _is: subclasses, in records built in Python rather than read
+            name = prefix + key
+            null = " or null" if nullable else ""
+            raise self.fail(
+                name, f"field {name!r} must be {_KIND_NAMES[kind]}{null}, got {_shown(value)}"
+            )
+
+    def strings(self, value: object, name: str) -> None:
+        assert isinstance(value, list)
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.fail(
+                    f"{name}[{i}]", f"field '{name}[{i}]' must be a string, got {_shown(item)}"
+                )
+
+    def flag(self, value: object, name: str) -> bool | None:
+        """A stop flag of a prediction line: true, false, or absent (missing or null)."""
+        if value is None or isinstance(value, bool):
+            return value
+        raise self.fail(name, f"field {name!r} must be true, false or absent, got {_shown(value)}")
+
+
+def _record_id(obj: Mapping[str, object], where: str) -> _Checker:
+    """Check ``id`` and return a checker whose place names the scenario."""
+    check = _Checker(where)
+    if "id" not in obj:
+        raise check.fail("id", "missing field 'id'")
+    sid = obj["id"]
+    if not isinstance(sid, str):
+        raise check.fail("id", f"field 'id' must be a string, got {_shown(sid)}")
+    return _Checker(f"{where}: scenario {sid!r}", sid)
+
+
+def validate_record(obj: object, where: str) -> Record:
+    """Check one scenario record (a line of ``predictions.jsonl`` or ``journal.jsonl``).
+
+    ``where`` names the place, e.g. ``"runs/x/predictions.jsonl:12"``; errors add the
+    scenario id once it is known. Checked: every field :func:`~.scoring.score` writes is
+    present with its type (the runtime's context fields, ``notes`` and ``overlong`` only
+    when present), and the values agree with one another: ``n_turns`` is the number of
+    turns and each turn's ``index`` its position; a turn's ``match`` is null exactly when
+    its ``gt`` is (an unscored turn); a parse failure never matches and has a reason;
+    ``aligned`` agrees with ``n_memory_chain`` and the turns' ``granularity``.
+
+    Returns ``obj`` itself, typed; raises :class:`RecordError`.
+    """
+    record = _Checker(where).obj(obj, None)
+    check = _record_id(record, where)
+    check.fields(record, _RECORD_REQUIRED)
+    check.fields(record, _RECORD_OPTIONAL, required=False)
+    if "notes" in record:
+        check.strings(record["notes"], "notes")
+    if "overlong" in record:
+        check.fields(
+            check.obj(record["overlong"], "overlong"),
+            _OVERLONG,
+            prefix="overlong.",
+        )
+    if record["parse_fail"] is True and record["final_match"] is True:
+        raise check.fail(
+            "final_match",
+            "field 'final_match' is true but 'parse_fail' is true (a parse failure never matches)",
+        )
+    if (record["parse_fail_reason"] is None) == (record["parse_fail"] is True):
+        state = "null" if record["parse_fail_reason"] is None else "given"
+        raise check.fail(
+            "parse_fail_reason",
+            f"field 'parse_fail_reason' is {state} but 'parse_fail' is "
+            f"{str(record['parse_fail']).lower()} (a reason is given exactly for a parse failure)",
+        )
+    turns = record["turns"]
+    assert isinstance(turns, list)
+    if record["n_turns"] != len(turns):
+        raise check.fail(
+            "n_turns",
+            f"field 'n_turns' is {record['n_turns']}, but 'turns' has {len(turns)} entries",
+        )
+    chain = record["n_memory_chain"]
+    aligned = chain is None or chain == record["n_turns"]
+    if record["aligned"] is not aligned:
+        raise check.fail(
+            "aligned",
+            f"field 'aligned' is {str(record['aligned']).lower()}, but 'n_memory_chain' is "
+            f"{_shown(chain)} and 'n_turns' {record['n_turns']} (aligned: no chain, or one "
+            "entry per turn)",
+        )
+    for i, value in enumerate(turns):
+        _check_turn(check, check.obj(value, f"turns[{i}]"), i, aligned=aligned)
+    return cast(Record, record)
+
+
+def _check_turn(check: _Checker, turn: dict[str, object], i: int, *, aligned: bool) -> None:
+    p = f"turns[{i}]."
+    check.fields(turn, _TURN_REQUIRED, prefix=p)
+    if turn["index"] != i:
+        raise check.fail(f"{p}index", f"field '{p}index' is {turn['index']}, expected {i}")
+    if turn["granularity"] not in GRANULARITIES:
+        raise check.fail(
+            f"{p}granularity",
+            f"field '{p}granularity' must be one of {', '.join(GRANULARITIES)}, got "
+            f"{_shown(turn['granularity'])}",
+        )
+    if (turn["granularity"] == "unaligned") == aligned:
+        raise check.fail(
+            f"{p}granularity",
+            f"field '{p}granularity' is {_shown(turn['granularity'])}, but 'aligned' is "
+            f"{str(aligned).lower()}",
+        )
+    if (turn["match"] is None) != (turn["gt"] is None):
+        state = "null" if turn["match"] is None else str(turn["match"]).lower()
+        gt = "null" if turn["gt"] is None else "given"
+        raise check.fail(
+            f"{p}match",
+            f"field '{p}match' is {state} but '{p}gt' is {gt} (a turn is scored exactly when "
+            "it has a ground truth)",
+        )
+    if turn["parse_fail"] is True and turn["match"] is True:
+        raise check.fail(
+            f"{p}match",
+            f"field '{p}match' is true but '{p}parse_fail' is true (a parse failure never matches)",
+        )
+
+
+def validate_metrics(obj: object, where: str, *, counts_only: bool = False) -> Metrics:
+    """Check a ``metrics.json`` document of schema :data:`SCHEMA_VERSION`.
+
+    ``where`` names the file. Checked: a JSON object, of this schema version when it says;
+    the count fields (``n``, ``m1``, ``m2``, ``unaligned``, ``parse_fail``, with their
+    inner fields) and ``schema_version``, ``ckpt``, ``kind``, ``complete``, ``scope``,
+    ``missing``, ``not_selected`` present with their types; every other documented field
+    typed where present, ``stop_flags`` one of ``present``, ``absent``, ``mixed``;
+    ``missing``/``not_selected`` lists of ids; ``m1.total == n``. Whether the counts agree
+    with the predictions is the recount's job (:func:`pytest_memeval.core.recount.recount_run`).
+
+    ``counts_only``: require only the count fields (the recount's own reading, which
+    checks nothing else of the document's presence); the other fields are still typed
+    where present.
+
+    Returns ``obj`` itself, typed; raises :class:`RecordError`.
+    """
+    check = _Checker(where)
+    doc = check.obj(obj, None, " (metrics.json is one object)")
+    if "schema_version" in doc and doc["schema_version"] != SCHEMA_VERSION:
+        raise check.fail(
+            "schema_version",
+            f"field 'schema_version' is {_shown(doc['schema_version'])}; this version of "
+            f"pytest-memeval reads schema {SCHEMA_VERSION} (docs/results-schema.md)",
+        )
+    check.fields(doc, _COUNTS_REQUIRED)
+    check.fields(doc, _METRICS_REQUIRED, required=not counts_only)
+    check.fields(doc, _METRICS_OPTIONAL, required=False)
+    for block in ("m1", "m2"):
+        rates = check.obj(doc[block], block)
+        check.fields(rates, _RATE_REQUIRED, prefix=f"{block}.")
+        check.fields(rates, _RATE_OPTIONAL, prefix=f"{block}.", required=False)
+    check.fields(
+        check.obj(doc["parse_fail"], "parse_fail"),
+        _PARSE_FAIL,
+        prefix="parse_fail.",
+    )
+    if "fingerprints" in doc:
+        check.fields(
+            cast("dict[str, object]", doc["fingerprints"]),
+            _FINGERPRINTS,
+            prefix="fingerprints.",
+            required=False,
+        )
+    for ids in ("missing", "not_selected"):
+        if ids in doc:
+            check.strings(doc[ids], ids)
+    if "stop_flags" in doc and doc["stop_flags"] not in STOP_FLAGS:
+        raise check.fail(
+            "stop_flags",
+            f"field 'stop_flags' must be one of {', '.join(STOP_FLAGS)}, got "
+            f"{_shown(doc['stop_flags'])}",
+        )
+    m1 = cast("dict[str, object]", doc["m1"])
+    if m1["total"] != doc["n"]:
+        raise check.fail("m1.total", f"field 'm1.total' is {m1['total']}, but 'n' is {doc['n']}")
+    return cast(Metrics, doc)
+
+
+def validate_prediction(obj: object, where: str) -> Prediction:
+    """Check one line of a predictions file to replay; return it normalised.
+
+    The replay input format (docs/results-schema.md, "Replay input"): ``id`` (str),
+    ``final_pred`` (str), ``turns`` (a list of ``{"pred": str}``); the stop flags
+    ``final_stopped`` and each turn's ``stopped`` are true, false or absent (missing or
+    null) and given on every output of the line or on none; ``prompt_tail`` is kept when it
+    is a string; other fields are ignored. Whether the line fits its scenario (the number of
+    turns) and the file (ids once, stop flags on every line or none) is the replay's check.
+
+    Raises :class:`RecordError` (``where`` is the file and line).
+    """
+    line = _Checker(where).obj(obj, None, ' (a prediction line is {"id": ...})')
+    check = _record_id(line, where)
+    sid = cast(str, line["id"])
+    if "final_pred" not in line:
+        raise check.fail("final_pred", "missing field 'final_pred'")
+    final = line["final_pred"]
+    if not isinstance(final, str):
+        raise check.fail("final_pred", f"field 'final_pred' must be a string, got {_shown(final)}")
+    if "turns" not in line:
+        raise check.fail("turns", "missing field 'turns' (a list of {\"pred\": ...}, one per turn)")
+    raw_turns = line["turns"]
+    if not isinstance(raw_turns, list):
+        raise check.fail("turns", f"field 'turns' must be a list, got {type(raw_turns).__name__}")
+    turns: list[PredictionTurn] = []
+    for i, raw in enumerate(raw_turns):
+        if not isinstance(raw, dict):
+            raise check.fail(f"turns[{i}]", f"field 'turns[{i}]' must be an object with 'pred'")
+        if "pred" not in raw:
+            raise check.fail(f"turns[{i}].pred", f"missing field 'turns[{i}].pred'")
+        pred = raw["pred"]
+        if not isinstance(pred, str):
+            raise check.fail(
+                f"turns[{i}].pred", f"field 'turns[{i}].pred' must be a string, got {_shown(pred)}"
+            )
+        turns.append(
+            {"pred": pred, "stopped": check.flag(raw.get("stopped"), f"turns[{i}].stopped")}
+        )
+    final_stopped = check.flag(line.get("final_stopped"), "final_stopped")
+    names = [f"turns[{i}].stopped" for i in range(len(turns))] + ["final_stopped"]
+    flags = [t["stopped"] for t in turns] + [final_stopped]
+    given = [n for n, f in zip(names, flags, strict=True) if f is not None]
+    if given and len(given) != len(names):
+        lacking = next(n for n, f in zip(names, flags, strict=True) if f is None)
+        raise check.fail(
+            lacking,
+            f"field {lacking!r} is missing while {given[0]!r} is given: a line carries the "
+            "stop flags of all its outputs or of none",
+        )
+    tail = line.get("prompt_tail")
+    return {
+        "id": sid,
+        "final_pred": final,
+        "final_stopped": final_stopped,
+        "turns": turns,
+        "prompt_tail": tail if isinstance(tail, str) else "",
+    }
+
+
+def read_records(path: Path) -> Iterator[Record]:
+    """Yield the checked records of a ``predictions.jsonl`` or ``journal.jsonl`` file.
+
+    Blank lines and a journal's header line are skipped. A line that is not JSON, not a
+    record (:func:`validate_record`), or a second record of the same scenario raises
+    :class:`RecordError` naming ``path:line``; ``OSError`` and ``UnicodeDecodeError`` (an
+    unreadable file) pass through to the caller.
+    """
+    first_line: dict[str, int] = {}
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecordError(
+                    where, None, f"malformed JSON ({exc.msg}, column {exc.colno})"
+                ) from None
+            if isinstance(obj, dict) and JOURNAL_HEADER_KEY in obj:
+                continue
+            record = validate_record(obj, where)
+            sid = record["id"]
+            if sid in first_line:
+                raise RecordError(
+                    f"{where}: scenario {sid!r}",
+                    "id",
+                    f"field 'id': the scenario appears twice (first on line {first_line[sid]})",
+                    sid,
+                )
+            first_line[sid] = lineno
+            yield record

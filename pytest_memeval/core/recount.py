@@ -11,13 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
+from pytest_memeval.core.records import (
+    Counts,
+    Metrics,
+    Record,
+    RecordError,
+    read_records,
+    validate_metrics,
+)
 from pytest_memeval.core.rundir import sha256_file
 from pytest_memeval.core.stats import ClusterSums, clustered_rate_with_ci, rate_with_ci
 
-__all__ = ["RecountError", "recount_file", "recount_run"]
+__all__ = ["RecountError", "compare_counts", "recount_file", "recount_run"]
 
 _CHECKED = ("n", "m1", "m2", "unaligned", "parse_fail")
 #: Interval fields of the m1/m2 blocks: checked where metrics.json has them (runs written
@@ -29,30 +37,38 @@ class RecountError(RuntimeError):
     """``metrics.json`` disagrees with ``predictions.jsonl``, or either is unreadable."""
 
 
-def recount_file(path: Path) -> dict[str, Any]:
-    """Recount the count fields of ``metrics.json`` from a predictions file."""
+def _records(path: Path) -> Iterator[Record]:
+    """The checked records of ``path`` (:func:`.records.read_records`), or RecountError."""
+    try:
+        yield from read_records(path)
+    except RecordError as exc:
+        raise RecountError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise RecountError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def recount_file(path: Path) -> Counts:
+    """Recount the count fields of ``metrics.json`` from a predictions file.
+
+    Every record is checked first (:func:`.records.validate_record`, ids once): a bad line
+    is a :class:`RecountError` naming file, line, scenario and field.
+    """
+    return _recount(path)[0]
+
+
+def _recount(path: Path) -> tuple[Counts, dict[str, dict[str, int]]]:
+    """The count fields and ``m2_by_position``, in one pass over the file."""
+    positions: dict[str, dict[str, int]] = {}
     n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
     with_flags = without_flags = overlong = 0
-    ids: set[str] = set()
     per_scenario: list[tuple[int, int]] = []  # (right, scored) of each aligned scenario
-    with path.open(encoding="utf-8") as fh:
-        lines = fh.readlines()
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise RecountError(f"{path}:{lineno}: malformed line") from None
-        if rec["id"] in ids:
-            raise RecountError(f"{path}:{lineno}: scenario {rec['id']!r} appears twice")
-        ids.add(rec["id"])
+    for rec in _records(path):
         n += 1
         if rec["final_match"] is True:
             final_ok += 1
         if rec["parse_fail"] is True:
             pf_final += 1
-        if isinstance(rec.get("final_stopped"), bool):
+        if isinstance(rec["final_stopped"], bool):
             with_flags += 1
         else:
             without_flags += 1
@@ -66,14 +82,17 @@ def recount_file(path: Path) -> dict[str, Any]:
                 pf_turns += 1
             if rec["aligned"] is True and turn["match"] is not None:
                 here_scored += 1
+                slot = positions.setdefault(str(turn["index"]), {"correct": 0, "total": 0})
+                slot["total"] += 1
                 if turn["match"] is True:
                     here_ok += 1
+                    slot["correct"] += 1
         turn_scored += here_scored
         turn_ok += here_ok
         per_scenario.append((here_ok, here_scored))
     m1_ci = rate_with_ci(final_ok, n)
     m2_ci = clustered_rate_with_ci(turn_ok, ClusterSums.of(per_scenario))
-    return {
+    counts: Counts = {
         "n": n,
         "m1": {
             "correct": final_ok,
@@ -95,6 +114,7 @@ def recount_file(path: Path) -> dict[str, Any]:
         "stop_flags": _stop_flags(with_flags, without_flags),
         "overlong": overlong,
     }
+    return counts, dict(sorted(positions.items(), key=lambda kv: int(kv[0])))
 
 
 def _stop_flags(with_flags: int, without_flags: int) -> str:
@@ -104,11 +124,12 @@ def _stop_flags(with_flags: int, without_flags: int) -> str:
     return "mixed" if with_flags else "absent"
 
 
-def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[str]:
+def compare_counts(claimed: Mapping[str, object], recounted: Counts) -> list[str]:
     """Human-readable differences between claimed and recounted count fields."""
     problems = []
+    theirs_all: Mapping[str, object] = recounted
     for key in _CHECKED:
-        mine, theirs = claimed.get(key), recounted.get(key)
+        mine, theirs = claimed.get(key), theirs_all.get(key)
         if key in ("m1", "m2") and isinstance(mine, dict) and isinstance(theirs, dict):
             # The intervals are checked where claimed; the counts always.
             theirs = {k: v for k, v in theirs.items() if k not in _INTERVAL_KEYS or k in mine}
@@ -129,27 +150,9 @@ def compare_counts(claimed: dict[str, Any], recounted: dict[str, Any]) -> list[s
     return problems
 
 
-def _positions(path: Path) -> dict[str, dict[str, int]]:
-    """m2 per turn position, recounted (aligned scenarios only)."""
-    out: dict[str, dict[str, int]] = {}
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if rec["aligned"] is not True:
-                continue
-            for turn in rec["turns"]:
-                if turn["match"] is None:
-                    continue
-                slot = out.setdefault(str(turn["index"]), {"correct": 0, "total": 0})
-                slot["total"] += 1
-                if turn["match"] is True:
-                    slot["correct"] += 1
-    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
-
-
-def _check_claims(claimed: dict[str, Any], recounted: dict[str, Any], path: Path) -> list[str]:
+def _check_claims(
+    claimed: Metrics, recounted: Counts, positions: dict[str, dict[str, int]], path: Path
+) -> list[str]:
     """What else metrics.json claims that readers (compare, report, gate) rely on."""
     problems = []
     sha = claimed.get("predictions_sha256")
@@ -158,7 +161,7 @@ def _check_claims(claimed: dict[str, Any], recounted: dict[str, Any], path: Path
             f"predictions_sha256: {path.name} is not the file these metrics were written for "
             "(edited after the run?)"
         )
-    if "m2_by_position" in claimed and claimed["m2_by_position"] != _positions(path):
+    if "m2_by_position" in claimed and claimed["m2_by_position"] != positions:
         problems.append("m2_by_position: does not match the recount of the turns")
     if claimed.get("complete") is True:
         scope = claimed.get("scope") or {}
@@ -174,19 +177,33 @@ def _check_claims(claimed: dict[str, Any], recounted: dict[str, Any], path: Path
     return problems
 
 
-def recount_run(run_dir: Path) -> dict[str, Any]:
-    """Check ``run_dir/metrics.json`` against ``run_dir/predictions.jsonl``; raise on mismatch."""
+def recount_run(run_dir: Path) -> Counts:
+    """Check ``run_dir/metrics.json`` against ``run_dir/predictions.jsonl``; raise on mismatch.
+
+    Both files are checked against the schema first (:func:`.records.validate_metrics` with
+    ``counts_only``, :func:`.records.validate_record` for each line): a malformed file is a
+    :class:`RecountError` naming the file (and line, scenario) and the field. An unreadable
+    file raises ``OSError``.
+    """
     metrics_path, predictions_path = run_dir / "metrics.json", run_dir / "predictions.jsonl"
     for p in (metrics_path, predictions_path):
         if not p.is_file():
             raise RecountError(f"{p}: missing")
     try:
-        claimed = json.loads(metrics_path.read_text(encoding="utf-8"))
+        claimed = validate_metrics(
+            json.loads(metrics_path.read_text(encoding="utf-8")),
+            str(metrics_path),
+            counts_only=True,
+        )
     except json.JSONDecodeError as exc:
         raise RecountError(f"{metrics_path}: malformed ({exc.msg})") from None
-    recounted = recount_file(predictions_path)
+    except UnicodeDecodeError as exc:
+        raise RecountError(f"{metrics_path}: not UTF-8 text ({exc.reason})") from None
+    except RecordError as exc:
+        raise RecountError(str(exc)) from None
+    recounted, positions = _recount(predictions_path)
     problems = compare_counts(claimed, recounted)
-    problems += _check_claims(claimed, recounted, predictions_path)
+    problems += _check_claims(claimed, recounted, positions, predictions_path)
     if problems:
         raise RecountError(
             f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems)
@@ -203,7 +220,7 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
 def cli_main(args: argparse.Namespace) -> int:
     try:
         recounted = recount_run(args.run_dir)
-    except (RecountError, OSError, KeyError, TypeError) as exc:
+    except (RecountError, OSError) as exc:
         print(f"memeval recount: FAIL: {exc}", file=sys.stderr)
         return 1
     m1, m2 = recounted["m1"], recounted["m2"]

@@ -7,25 +7,23 @@ Record fields are documented in ``docs/results-schema.md``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.matching import ParseRules, match_output
-from pytest_memeval.core.records import Rollout
+from pytest_memeval.core.records import Record, Rollout, Turn
 
-__all__ = ["RECORD_VERSION", "score"]
-
-RECORD_VERSION = 1
+__all__ = ["score"]
 
 
-def score(
-    scenario: Scenario, rollout: Rollout, rules: ParseRules, **context: Any
-) -> dict[str, Any]:
-    """Build the record of ``scenario``.
+def score(scenario: Scenario, rollout: Rollout, rules: ParseRules, **context: Any) -> Record:
+    """Build the record of ``scenario`` (:class:`~pytest_memeval.core.records.Record`).
 
     m1 is structure-independent: the final answer is scored whether or not the turn structure
     aligns with ``memory_chain``. Turns of an unaligned scenario are predicted and recorded
     (``gt`` and ``match`` null, granularity ``unaligned``) but never scored for m2.
+    ``context`` adds the runtime's fields of the record (``worker``, ``device``,
+    ``decode_s``, ``decode_batch``, ``decode_batch_size``).
     """
     n_assistant = len(scenario.assistant_indices)
     if len(rollout.outputs) != n_assistant:
@@ -34,7 +32,7 @@ def score(
             f"{n_assistant} assistant messages"
         )
     granularity = scenario.granularity
-    turns: list[dict[str, Any]] = []
+    turns: list[Turn] = []
     for t, (k, out) in enumerate(zip(scenario.turn_indices, rollout.outputs[:-1], strict=False)):
         gt = scenario.turn_gt(t)
         result = match_output(out.text, gt, stopped=out.stopped, kind="turn", rules=rules)
@@ -56,7 +54,7 @@ def score(
     final_result = match_output(
         final.text, scenario.final_gt, stopped=final.stopped, kind="final", rules=rules
     )
-    record: dict[str, Any] = {
+    record: Record = {
         "id": scenario.id,
         "index": scenario.index,
         "final_pred": final.text,
@@ -74,5 +72,7 @@ def score(
     }
     if rollout.notes:
         record["notes"] = list(rollout.notes)
-    record.update(context)
+    # The context's keys are chosen by the caller, so mypy cannot check them against
+    # Record; the validator does wherever the record is read back (records.validate_record).
+    cast("dict[str, Any]", record).update(context)
     return record

@@ -8,7 +8,9 @@ again against the (current) benchmark.
 
 The whole file is checked against the benchmark once, at configure time
 (:func:`load_replay_source`), so a bad file is one usage error naming file, line, scenario
-and field, never one error per item. What a line needs:
+and field, never one error per item. Each line's format is checked by
+:func:`pytest_memeval.core.records.validate_prediction`; the fit to the benchmark here.
+What a line needs:
 
 * ``id``: a scenario of the benchmark, once in the file;
 * ``final_pred``: a string;
@@ -30,10 +32,15 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, Scenario
 from pytest_memeval.core.profiles import Profile
+from pytest_memeval.core.records import (
+    Prediction,
+    RecordError,
+    validate_metrics,
+    validate_prediction,
+)
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, METRICS
 from pytest_memeval.decode._types import Rollout, TurnOutput
 
@@ -91,77 +98,40 @@ def source_fingerprints(profile: Profile) -> dict[str, str | None]:
     """
     assert profile.predictions is not None
     metrics_path = profile.predictions.parent / METRICS
-    fps: dict[str, Any] = {}
-    if metrics_path.is_file():
-        try:
-            fps = json.loads(metrics_path.read_text(encoding="utf-8")).get("fingerprints", {})
-        except (OSError, ValueError, AttributeError) as exc:
-            raise BenchmarkError(
-                f"{metrics_path}: unreadable metrics of the replayed run ({exc})"
-            ) from None
-    return {k: fps.get(k) for k in ("model", "adapter", "decoding")}
+    if not metrics_path.is_file():
+        return dict.fromkeys(("model", "adapter", "decoding"))
+    try:
+        text = metrics_path.read_text(encoding="utf-8")
+        # counts_only: only the fingerprints are read here (typed where present).
+        metrics = validate_metrics(json.loads(text), str(metrics_path), counts_only=True)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BenchmarkError(
+            f"{metrics_path}: unreadable metrics of the replayed run ({exc})"
+        ) from None
+    except RecordError as exc:  # names the file and the field
+        raise BenchmarkError(f"metrics of the replayed run: {exc}") from None
+    fps = metrics.get("fingerprints", {})
+    return {
+        "model": fps.get("model"),
+        "adapter": fps.get("adapter"),
+        "decoding": fps.get("decoding"),
+    }
 
 
-class _LineProblem(Exception):
-    """One problem of one line; collected, then reported together."""
-
-
-def _flag(value: Any, field: str) -> bool | None:
-    """A stop flag: a boolean, or ``None`` when absent (a missing key or JSON null; a run
-    replayed from a file without flags writes null, so replaying that run again works)."""
-    if value is None or isinstance(value, bool):
-        return value
-    raise _LineProblem(f"field {field!r} must be true, false or absent, got {value!r}")
-
-
-def _parse_line(
-    obj: Any, scenario: Scenario
-) -> tuple[tuple[str, ...], tuple[bool | None, ...], str]:
-    """Texts, stop flags (None where absent) and prompt tail of one line for ``scenario``."""
-    final = obj.get("final_pred")
-    if "final_pred" not in obj:
-        raise _LineProblem("missing field 'final_pred'")
-    if not isinstance(final, str):
-        raise _LineProblem(f"field 'final_pred' must be a string, got {final!r}")
-    turns = obj.get("turns")
-    if "turns" not in obj:
-        raise _LineProblem("missing field 'turns' (a list of {\"pred\": ...}, one per turn)")
-    if not isinstance(turns, list):
-        raise _LineProblem(f"field 'turns' must be a list, got {type(turns).__name__}")
-    expected = len(scenario.turn_indices)
-    if len(turns) != expected:
-        hint = (
-            " (does 'turns' include the final answer? it goes in 'final_pred')"
-            if len(turns) == expected + 1
-            else ""
-        )
-        raise _LineProblem(
-            f"field 'turns' has {len(turns)} turn prediction(s), but the scenario has "
-            f"{expected} assistant turn(s) before the final answer{hint}"
-        )
-    texts: list[str] = []
-    flags: list[bool | None] = []
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise _LineProblem(f"field 'turns[{i}]' must be an object with 'pred'")
-        if "pred" not in turn:
-            raise _LineProblem(f"missing field 'turns[{i}].pred'")
-        if not isinstance(turn["pred"], str):
-            raise _LineProblem(f"field 'turns[{i}].pred' must be a string, got {turn['pred']!r}")
-        texts.append(turn["pred"])
-        flags.append(_flag(turn.get("stopped"), f"turns[{i}].stopped"))
-    texts.append(final)
-    flags.append(_flag(obj.get("final_stopped"), "final_stopped"))
-    names = [f"turns[{i}].stopped" for i in range(len(turns))] + ["final_stopped"]
-    given = [n for n, f in zip(names, flags, strict=True) if f is not None]
-    if given and len(given) != len(names):
-        lacking = next(n for n, f in zip(names, flags, strict=True) if f is None)
-        raise _LineProblem(
-            f"field {lacking!r} is missing while {given[0]!r} is given: a line carries the "
-            "stop flags of all its outputs or of none"
-        )
-    tail = obj.get("prompt_tail")
-    return tuple(texts), tuple(flags), tail if isinstance(tail, str) else ""
+def _turn_count_problem(prediction: Prediction, scenario: Scenario) -> str | None:
+    """What is wrong with the number of turn predictions for ``scenario``, if anything."""
+    given, expected = len(prediction["turns"]), len(scenario.turn_indices)
+    if given == expected:
+        return None
+    hint = (
+        " (does 'turns' include the final answer? it goes in 'final_pred')"
+        if given == expected + 1
+        else ""
+    )
+    return (
+        f"field 'turns' has {given} turn prediction(s), but the scenario has "
+        f"{expected} assistant turn(s) before the final answer{hint}"
+    )
 
 
 def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str]) -> ReplaySource:
@@ -198,19 +168,19 @@ def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str
             continue
         if isinstance(obj, dict) and JOURNAL_HEADER_KEY in obj:
             continue  # a journal's header line: replaying a journal is allowed
-        if not isinstance(obj, dict):
-            problems.append(f'{where}: not a JSON object (a prediction line is {{"id": ...}})')
-            unidentified += 1
-            continue
-        sid = obj.get("id")
-        if "id" not in obj:
-            problems.append(f"{where}: missing field 'id'")
-            unidentified += 1
-            continue
-        if not isinstance(sid, str):
-            problems.append(f"{where}: field 'id' must be a string, got {sid!r}")
-            unidentified += 1
-            continue
+        # The line's format (records.validate_prediction), then whether it fits the
+        # benchmark: an unknown or repeated id is named before a field of the line.
+        prediction: Prediction | None = None
+        try:
+            prediction = validate_prediction(obj, where)
+        except RecordError as exc:
+            if exc.scenario is None:  # no readable id
+                problems.append(str(exc))
+                unidentified += 1
+                continue
+            sid, line_problem = exc.scenario, exc.problem
+        else:
+            sid, line_problem = prediction["id"], ""
         where = f"{where}: scenario {sid!r}"
         scenario = by_id.get(sid)
         if scenario is None:
@@ -222,11 +192,16 @@ def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str
             )
             continue
         first_line[sid] = lineno
-        try:
-            texts, flags, tail = _parse_line(obj, scenario)
-        except _LineProblem as exc:
-            problems.append(f"{where}: {exc}")
+        if prediction is None:
+            problems.append(f"{where}: {line_problem}")
             continue
+        count_problem = _turn_count_problem(prediction, scenario)
+        if count_problem is not None:
+            problems.append(f"{where}: {count_problem}")
+            continue
+        texts = tuple(t["pred"] for t in prediction["turns"]) + (prediction["final_pred"],)
+        flags = tuple(t["stopped"] for t in prediction["turns"]) + (prediction["final_stopped"],)
+        tail = prediction["prompt_tail"]
         has_flags = flags[-1] is not None
         if has_flags and with_flags is None:
             with_flags = (lineno, sid)

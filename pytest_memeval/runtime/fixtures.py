@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.records import Record
 from pytest_memeval.runtime.state import STATE_KEY
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def memeval_decoder(request: pytest.FixtureRequest) -> Decoder:
 
 
 @pytest.fixture
-def memeval_record(request: pytest.FixtureRequest, memeval_scenario: Scenario) -> dict[str, Any]:
+def memeval_record(request: pytest.FixtureRequest, memeval_scenario: Scenario) -> Record:
     """The scenario's scored record; its rollout is computed once per scenario per run."""
     worker = _worker(request.config)
     record = worker.record_for(memeval_scenario)

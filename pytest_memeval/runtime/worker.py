@@ -17,6 +17,7 @@ import pytest
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.ids import scenario_param
+from pytest_memeval.core.records import Record
 from pytest_memeval.core.scoring import score
 from pytest_memeval.runtime.devices import device_label, is_out_of_memory, worker_device
 from pytest_memeval.runtime.state import MemevalState, is_worker, worker_id
@@ -34,7 +35,7 @@ __all__ = [
     "PrefetchWarning",
 ]
 
-RECORD_KEY = pytest.StashKey[dict[str, Any]]()
+RECORD_KEY = pytest.StashKey[Record]()
 
 #: Most scenario records one process keeps at a time (see MemevalWorker._records).
 RECORD_CACHE_SIZE = 64
@@ -61,7 +62,7 @@ class MemevalWorker:
         self._decoder: Decoder | None = None
         # Bounded: a scenario's record is dropped once all its items here have run (items
         # are grouped per scenario), and at most RECORD_CACHE_SIZE are kept whatever the order.
-        self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._records: OrderedDict[str, Record] = OrderedDict()
         self._pending: dict[str, int] = {}
         self.device = "unassigned"
         self.device_label = "unassigned"  # what records note, e.g. "cuda:0 (physical 5)"
@@ -94,7 +95,7 @@ class MemevalWorker:
         stops the run), so a failure to load never reaches an item."""
         return self.load_decoder()
 
-    def record_for(self, scenario: Scenario) -> dict[str, Any]:
+    def record_for(self, scenario: Scenario) -> Record:
         cached = self._records.get(scenario.id)
         if cached is not None:
             return cached
@@ -122,7 +123,7 @@ class MemevalWorker:
         if overlong is not None:
             # Evaluated past the model's context on request (preflight.py): say so on the
             # record itself, so no reader of predictions.jsonl takes it for a normal result.
-            record["overlong"] = dict(overlong)
+            record["overlong"] = {"tokens": overlong["tokens"], "limit": overlong["limit"]}
         self._records[scenario.id] = record
         while len(self._records) > RECORD_CACHE_SIZE:
             self._records.popitem(last=False)  # recomputed (deterministically) if needed again
@@ -218,7 +219,7 @@ class MemevalWorker:
             return []
         return self._run_order[rank + 1 : rank + 4 * PREFETCH_SIZE]
 
-    def attach(self, item: pytest.Item, record: dict[str, Any]) -> None:
+    def attach(self, item: pytest.Item, record: Record) -> None:
         item.stash[RECORD_KEY] = record
 
     @pytest.hookimpl(hookwrapper=True)

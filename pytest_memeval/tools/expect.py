@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from pytest_memeval.core.ids import item_name
+from pytest_memeval.core.records import Record, RecordError, read_records
 from pytest_memeval.core.recount import RecountError, recount_run
-from pytest_memeval.core.rundir import PREDICTIONS, atomic_write, read_predictions
+from pytest_memeval.core.rundir import PREDICTIONS, atomic_write
 
 __all__ = [
     "ExpectError",
@@ -39,7 +39,7 @@ class ExpectError(ValueError):
     """The known-failures source is unusable; the message names the file (and line)."""
 
 
-def failed_items(records: Iterable[Mapping[str, Any]]) -> list[str]:
+def failed_items(records: Iterable[Record]) -> list[str]:
     """Names of the standard eval items that failed, in record order.
 
     Names hold pytest ids (:func:`.ids.item_name`), as pytest names the items: a scenario id
@@ -86,8 +86,10 @@ def load_known_failures(source: Path) -> list[str]:
         raise ExpectError(f"{source}: no such run directory or known-failures file")
     if source.suffix == ".jsonl":
         try:
-            return failed_items(read_predictions(source))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return failed_items(read_records(source))
+        except RecordError as exc:  # names the file, line, scenario and field already
+            raise ExpectError(f"unusable known failures: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
             raise ExpectError(f"{source}: unreadable predictions: {exc}") from None
     return _from_text(source)
 
