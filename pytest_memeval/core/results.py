@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.metrics import Tally, metrics_document
+from pytest_memeval.core.records import Metrics, Record, RecordError, read_records, validate_metrics
 from pytest_memeval.core.recount import RecountError, compare_counts, recount_file, recount_run
 from pytest_memeval.core.rundir import (
     JOURNAL,
@@ -198,8 +199,8 @@ class CheckedRun:
     the order of ``predictions.jsonl`` (benchmark order)."""
 
     path: Path
-    metrics: dict[str, Any]
-    records: dict[str, dict[str, Any]]
+    metrics: Metrics
+    records: dict[str, Record]
 
     @property
     def ckpt(self) -> str:
@@ -257,7 +258,7 @@ def load_checked_run(path: Path, *, shard: bool = False) -> CheckedRun:
     return CheckedRun(path=path, metrics=metrics, records=records)
 
 
-def _read_metrics(path: Path) -> dict[str, Any]:
+def _read_metrics(path: Path) -> Metrics:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -270,77 +271,20 @@ def _read_metrics(path: Path) -> dict[str, Any]:
         raise RunLoadError(
             f"{path}: malformed JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
         ) from None
-    if not isinstance(metrics, dict):
-        raise RunLoadError(f"{path}: not a metrics object")
-    _check_metrics(metrics, str(path))
-    return metrics
-
-
-def _read_records(path: Path) -> dict[str, dict[str, Any]]:
-    records: dict[str, dict[str, Any]] = {}
-    first_line: dict[str, int] = {}
     try:
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise RunLoadError(f"{where}: malformed record ({exc.msg})") from None
-                record = _check_record(obj, where)
-                sid = record["id"]
-                if sid in records:
-                    raise RunLoadError(
-                        f"{where}: scenario {sid!r} appears twice (first on line {first_line[sid]})"
-                    )
-                records[sid] = record
-                first_line[sid] = lineno
+        return validate_metrics(metrics, str(path))
+    except RecordError as exc:
+        raise RunLoadError(str(exc)) from None
+
+
+def _read_records(path: Path) -> dict[str, Record]:
+    # One validator for every reader of records (core/records.py): a malformed line is
+    # refused here with its file, line, scenario and field, never later as a KeyError.
+    try:
+        return {record["id"]: record for record in read_records(path)}
+    except RecordError as exc:
+        raise RunLoadError(str(exc)) from None
     except UnicodeDecodeError as exc:
         raise RunLoadError(f"{path}: not UTF-8 text ({exc.reason})") from None
     except OSError as exc:
         raise RunLoadError(f"{path}: unreadable ({exc.strerror or exc})") from None
-    return records
-
-
-# -- the one place each loaded record and metrics document is checked -------------------------
-# ISSUE 11 (records part): core.records' validate_record(obj, where) -> Record and its
-# metrics counterpart replace the two functions below; they check only what the recount,
-# compare and merge read, so that a malformed run is refused here with its file and line
-# rather than failing later with a KeyError/TypeError.
-
-
-def _check_record(obj: Any, where: str) -> dict[str, Any]:
-    """``obj`` (line ``where`` of a predictions file) as a scenario record, or refused."""
-    if not isinstance(obj, dict) or "id" not in obj:
-        raise RunLoadError(f"{where}: not a scenario record")
-    if not isinstance(obj["id"], str):
-        raise RunLoadError(f"{where}: id {obj['id']!r} is not a string")
-    for key in ("final_match", "parse_fail", "aligned", "turns"):
-        if key not in obj:
-            raise RunLoadError(f"{where}: scenario {obj['id']!r}: no {key!r}")
-    if not isinstance(obj["turns"], list):
-        raise RunLoadError(f"{where}: scenario {obj['id']!r}: 'turns' is not a list")
-    for i, turn in enumerate(obj["turns"]):
-        if not isinstance(turn, dict):
-            raise RunLoadError(f"{where}: scenario {obj['id']!r}: turn {i} is not an object")
-        for key in ("index", "match", "parse_fail"):
-            if key not in turn:
-                raise RunLoadError(f"{where}: scenario {obj['id']!r}: turn {i} has no {key!r}")
-        if not isinstance(turn["index"], int) or isinstance(turn["index"], bool):
-            raise RunLoadError(
-                f"{where}: scenario {obj['id']!r}: turn {i} index {turn['index']!r} is not "
-                "an integer"
-            )
-    return obj
-
-
-def _check_metrics(metrics: dict[str, Any], where: str) -> None:
-    """The fields of ``metrics.json`` read as objects or lists before the recount runs."""
-    for key in ("scope",):
-        if metrics.get(key) is not None and not isinstance(metrics[key], dict):
-            raise RunLoadError(f"{where}: {key!r} is not an object")
-    for key in ("missing", "not_selected"):
-        if metrics.get(key) is not None and not isinstance(metrics[key], list):
-            raise RunLoadError(f"{where}: {key!r} is not a list")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION
+from pytest_memeval.core.records import Metrics, Record
 from pytest_memeval.core.results import (
     FinalizeError,
     RunFacts,
@@ -51,17 +52,23 @@ class MergeError(Exception):
         self.problems = list(problems)
 
 
+def _resumed(metrics: Metrics) -> int:
+    """How many scenarios a shard's run resumed from its journal (``scope.resumed``)."""
+    value = (metrics.get("scope") or {}).get("resumed")
+    return value if isinstance(value, int) else 0
+
+
 @dataclass
 class ShardRun:
     """One shard run directory, read and checked on its own."""
 
     path: Path
-    metrics: dict[str, Any]
+    metrics: Metrics
     shard: dict[str, Any]
     ids: list[str]
     indices: list[Any]
     #: its checked records, in its predictions' order (what the merge writes)
-    records: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    records: list[Record] = field(default_factory=list, repr=False)
 
     @property
     def name(self) -> str:
@@ -306,7 +313,7 @@ def _merged_facts(runs: list[ShardRun]) -> RunFacts:
             "evaluated": total,
             "subset": False,
             "shard": None,
-            "resumed": sum(int((r.metrics.get("scope") or {}).get("resumed") or 0) for r in runs),
+            "resumed": sum(_resumed(r.metrics) for r in runs),
         },
         fingerprints=first.get("fingerprints") or {},
         decoding={**(first.get("decoding") or {}), "path": ",".join(paths_used)},

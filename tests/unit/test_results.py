@@ -191,7 +191,7 @@ def test_refuses_truncated_predictions(tmp_path: Path) -> None:
     lines = predictions.read_text("utf-8").splitlines(keepends=True)
     # A torn last line: the file and the line are named.
     predictions.write_text("".join(lines[:3]) + lines[3][:40], "utf-8")
-    assert refused(run_dir).startswith(f"{predictions}:4: malformed record (")
+    assert refused(run_dir).startswith(f"{predictions}:4: malformed JSON (")
     # A whole record dropped: every line is well formed, the recount says what is missing.
     predictions.write_text("".join(lines[:3]), "utf-8")
     msg = refused(run_dir)
@@ -208,40 +208,48 @@ def test_refuses_an_edited_prediction_by_its_hash(tmp_path: Path) -> None:
     assert "(edited after the run?)" in refused(run_dir)
 
 
+def _broken(record: dict[str, Any], how: str) -> object:
+    """A copy of a real record with one thing wrong (``how``)."""
+    bad = json.loads(json.dumps(record))
+    if how == "list":
+        return [1, 2]
+    if how == "no id":
+        del bad["id"]
+    elif how == "int id":
+        bad["id"] = 7
+    elif how == "no final_match":
+        del bad["final_match"]
+    elif how == "turns not a list":
+        bad["turns"] = 3
+    elif how == "string index":
+        bad["turns"][0]["index"] = "0"
+    elif how == "no match":
+        del bad["turns"][0]["match"]
+    return bad
+
+
 @pytest.mark.parametrize(
-    ("line", "message"),
+    ("how", "message"),
     [
-        ("[1, 2]", "not a scenario record"),
-        ('{"final_match": true}', "not a scenario record"),
-        ('{"id": 7}', "id 7 is not a string"),
-        (
-            '{"id": "x", "parse_fail": false, "aligned": true, "turns": []}',
-            "scenario 'x': no 'final_match'",
-        ),
-        (
-            '{"id": "x", "final_match": true, "parse_fail": false, "aligned": true, "turns": 3}',
-            "scenario 'x': 'turns' is not a list",
-        ),
-        (
-            '{"id": "x", "final_match": true, "parse_fail": false, "aligned": true,'
-            ' "turns": [{"index": "0", "match": true, "parse_fail": false}]}',
-            "scenario 'x': turn 0 index '0' is not an integer",
-        ),
-        (
-            '{"id": "x", "final_match": true, "parse_fail": false, "aligned": true,'
-            ' "turns": [{"index": 0, "parse_fail": false}]}',
-            "scenario 'x': turn 0 has no 'match'",
-        ),
+        ("list", "not a JSON object, got [1, 2]"),
+        ("no id", "missing field 'id'"),
+        ("int id", "field 'id' must be a string, got 7"),
+        ("no final_match", "scenario 's0': missing field 'final_match'"),
+        ("turns not a list", "scenario 's0': field 'turns' must be a list, got 3"),
+        ("string index", "scenario 's0': field 'turns[0].index' must be an integer, got \"0\""),
+        ("no match", "scenario 's0': missing field 'turns[0].match'"),
     ],
 )
 def test_refuses_a_malformed_record_naming_file_and_line(
-    tmp_path: Path, line: str, message: str
+    tmp_path: Path, how: str, message: str
 ) -> None:
-    """Refused with file:line before the recount, never a KeyError/TypeError from it."""
+    """Refused by the one validator (core/records.py) with file:line before the recount,
+    never a KeyError/TypeError from it."""
     run_dir = write(tmp_path / "run")
     predictions = run_dir / "predictions.jsonl"
     lines = predictions.read_text("utf-8").splitlines(keepends=True)
-    predictions.write_text(lines[0] + line + "\n" + "".join(lines[1:]), "utf-8")
+    bad = _broken(json.loads(lines[0]), how)
+    predictions.write_text(lines[0] + json.dumps(bad) + "\n" + "".join(lines[1:]), "utf-8")
     assert refused(run_dir) == f"{predictions}:2: {message}"
 
 
@@ -251,16 +259,17 @@ def test_refuses_a_scenario_twice(tmp_path: Path) -> None:
     first = predictions.read_text("utf-8").splitlines(keepends=True)[0]
     with predictions.open("a", encoding="utf-8") as fh:
         fh.write("\n" + first)
-    assert refused(run_dir) == f"{predictions}:6: scenario 's0' appears twice (first on line 1)"
+    assert refused(run_dir) == (
+        f"{predictions}:6: scenario 's0': field 'id': the scenario appears twice (first on line 1)"
+    )
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
     [
         (b"{damaged", "malformed JSON (Expecting property name enclosed in double quotes, line 1"),
-        (b"[1, 2]", "not a metrics object"),
-        (b'{"scope": [1]}', "'scope' is not an object"),
-        (b'{"missing": "s1"}', "'missing' is not a list"),
+        (b"[1, 2]", "not a JSON object (metrics.json is one object), got [1, 2]"),
+        (b'{"scope": [1]}', "missing field 'n'"),
         (b"\xff\xfe{}", "not UTF-8 text"),
     ],
 )
@@ -268,6 +277,23 @@ def test_refuses_a_malformed_metrics_json(tmp_path: Path, content: bytes, messag
     run_dir = write(tmp_path / "run")
     (run_dir / "metrics.json").write_bytes(content)
     assert refused(run_dir).startswith(f"{run_dir / 'metrics.json'}: {message}")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("scope", [1], "field 'scope' must be a JSON object, got [1]"),
+        ("missing", "s1", "field 'missing' must be a list, got \"s1\""),
+    ],
+)
+def test_refuses_metrics_with_a_field_of_the_wrong_type(
+    tmp_path: Path, key: str, value: object, message: str
+) -> None:
+    run_dir = write(tmp_path / "run")
+    metrics = json.loads((run_dir / "metrics.json").read_text("utf-8"))
+    metrics[key] = value
+    (run_dir / "metrics.json").write_text(json.dumps(metrics), "utf-8")
+    assert refused(run_dir) == f"{run_dir / 'metrics.json'}: {message}"
 
 
 def test_refuses_what_is_not_a_finished_run(tmp_path: Path) -> None:
