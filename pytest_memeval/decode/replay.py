@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, Scenario
+from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.profiles import Profile
 from pytest_memeval.core.records import (
     Prediction,
@@ -221,11 +222,9 @@ def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str
     lacking = [sid for sid in scope_ids if sid not in first_line]
     # A line whose id could not be read may be the missing scenario's: report it alone.
     if lacking and not unidentified:
-        shown = ", ".join(repr(s) for s in lacking[:_SHOW])
-        more = f" ... (+{len(lacking) - _SHOW} more)" if len(lacking) > _SHOW else ""
         problems.append(
             f"{path}: no line for {len(lacking)} scenario(s) of the benchmark "
-            f"({benchmark.source}): {shown}{more}"
+            f"({benchmark.source}): {shown_list(repr(s) for s in lacking)}"
         )
     if problems:
         more = (

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.formatting import SHOWN, shown_list
 from pytest_memeval.core.profiles import ProfileError, memeval_table
 from pytest_memeval.model.prompts import scenario_prompts
 
@@ -451,9 +452,8 @@ def check_reference_file(
     return "\n".join([head, *("  " + p for p in problems)])
 
 
-def _few(items: Sequence[str], n: int = 5) -> str:
-    shown = ", ".join(repr(i) for i in items[:n])
-    return shown + (f", ... ({len(items) - n} more)" if len(items) > n else "")
+def _few(items: Sequence[str], n: int = SHOWN) -> str:
+    return shown_list((repr(i) for i in items), n)
 
 
 def describe_order_difference(expected: Sequence[str], actual: Sequence[str]) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.core.formatting import per_second, score_text, shown_list
 from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
 from pytest_memeval.core.results import FinalizeError, RunFacts, finalize_run
@@ -295,7 +296,7 @@ class MemevalController:
         if m.get("overrides"):
             tr.line(f"overridden on the command line: {describe_overrides(m['overrides'])}")
         if m["missing"]:
-            shown = ", ".join(m["missing"][:10]) + (" ..." if len(m["missing"]) > 10 else "")
+            shown = shown_list(repr(sid) for sid in m["missing"])
             tr.line(
                 f"INCOMPLETE: {len(m['missing'])} selected scenario(s) have no result: {shown}",
                 red=True,
@@ -380,8 +381,7 @@ def _stale_note(stale: dict[str, Any]) -> str:
 
 
 def _pct(block: dict[str, Any]) -> str:
-    rate = block["rate"]
-    return f"{block['correct']}/{block['total']} = {rate * 100:.2f}%" if rate is not None else "n/a"
+    return score_text(block["correct"], block["total"], block["rate"])
 
 
 def _status(m: dict[str, Any]) -> str:
@@ -426,7 +426,7 @@ def format_summary(m: dict[str, Any]) -> str:
             else ""
         )
         lines.append(
-            f"throughput: {timing['scenarios_per_s']:.2f} scenarios/s "
+            f"throughput: {per_second(timing['scenarios_per_s'])} "
             f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')}{batch})"
         )
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_memeval.core.formatting import percent, score_text, shown_list
 from pytest_memeval.core.results import CheckedRun, RunLoadError, load_checked_run
 from pytest_memeval.core.stats import (
     CLUSTER_METHOD,
@@ -72,7 +73,6 @@ ALPHA = 0.05
 #: Power the minimum detectable difference is stated at.
 POWER = 0.8
 #: How many scenario ids a refusal or a flip list names before "...".
-_SHOW = 20
 
 
 class CompareError(ValueError):
@@ -119,9 +119,8 @@ def _why_incomplete(metrics: Mapping[str, Any]) -> str:
     return "metrics.json says complete: false"
 
 
-def _ids(ids: Sequence[str], show: int = _SHOW) -> str:
-    shown = ", ".join(ids[:show])
-    return shown + (f" ... (+{len(ids) - show} more)" if len(ids) > show else "")
+def _ids(ids: Sequence[str]) -> str:
+    return shown_list(repr(i) for i in ids)
 
 
 def turn_structure(record: Mapping[str, Any]) -> tuple[str, ...]:
@@ -475,9 +474,7 @@ def _board_row(summary: Mapping[str, Any], pair: Mapping[str, Any] | None) -> di
 
 def fmt_rate(block: Mapping[str, Any]) -> str:
     """``167/189 = 88.36%`` (or ``0/0 = n/a``)."""
-    if block["rate"] is None:
-        return f"{block['correct']}/{block['total']} = n/a"
-    return f"{block['correct']}/{block['total']} = {block['rate'] * 100:.2f}%"
+    return score_text(block["correct"], block["total"], block["rate"])
 
 
 def fmt_ci(block: Mapping[str, Any]) -> str:
@@ -485,7 +482,7 @@ def fmt_ci(block: Mapping[str, Any]) -> str:
     if block["ci95"] is None:
         return "-"
     low, high = block["ci95"]
-    return f"[{low * 100:.2f}%, {high * 100:.2f}%]"
+    return f"[{percent(low)}, {percent(high)}]"
 
 
 def fmt_pp(value: float | None) -> str:

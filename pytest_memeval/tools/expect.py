@@ -14,12 +14,11 @@ on *new* failures and a fixed scenario shows as XPASS. The set comes from
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from pytest_memeval.core.ids import item_name
+from pytest_memeval.core.ids import item_name, split_item_name
 from pytest_memeval.core.records import Record, RecordError, read_records
 from pytest_memeval.core.recount import RecountError, recount_run
 from pytest_memeval.core.rundir import PREDICTIONS, atomic_write
@@ -31,8 +30,6 @@ __all__ = [
     "failed_items",
     "load_known_failures",
 ]
-
-_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\[[^\[\]\s]+\]$")
 
 
 class ExpectError(ValueError):
@@ -65,7 +62,8 @@ def _from_text(path: Path) -> list[str]:
         if not line:
             continue
         name = line.rsplit("::", 1)[-1]  # accept full node ids too
-        if not _ITEM.match(name):
+        # Eval item names hold pytest ids (ids.param_id): never whitespace.
+        if split_item_name(name) is None or any(ch.isspace() for ch in name):
             raise ExpectError(
                 f"{path}:{lineno}: not an eval item name (expected e.g. "
                 f"'test_final_query[s0001]'): {raw.strip()!r}"

@@ -34,7 +34,8 @@ import pytest
 
 from pytest_memeval.core.formatting import percent, shown_list
 from pytest_memeval.core.ids import item_name, scenario_param
-from pytest_memeval.core.rundir import PREDICTIONS, read_predictions
+from pytest_memeval.core.records import RecordError, read_records
+from pytest_memeval.core.rundir import PREDICTIONS
 from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
 from pytest_memeval.runtime.state import STATE_KEY, MemevalState, workerinput
 from pytest_memeval.tools.compare import CompareError, load_run
@@ -381,9 +382,9 @@ class MemevalGate:
             try:
                 outcomes = {
                     rec["id"]: rec["final_match"] is True
-                    for rec in read_predictions(run_dir / PREDICTIONS)
+                    for rec in read_records(run_dir / PREDICTIONS)
                 }
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, UnicodeDecodeError, RecordError):
                 outcomes = None  # the warning before the run still stands
             self.outcome.warnings = resolution_warnings(self.settings, outcomes)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION
 from pytest_memeval.core.records import Metrics, Record
 from pytest_memeval.core.results import (
@@ -40,8 +41,6 @@ from pytest_memeval.core.runlayout import new_subset_dir, resume_target
 from pytest_memeval.core.runlock import LockHeld, RunLock
 
 __all__ = ["MergeError", "ShardRun", "cli_arguments", "cli_main", "load_shard", "merge_shards"]
-
-_SHOW = 10
 
 
 class MergeError(Exception):
@@ -80,8 +79,7 @@ class ShardRun:
 
 
 def _ids(ids: Sequence[str]) -> str:
-    shown = ", ".join(ids[:_SHOW])
-    return shown + (f" ... (+{len(ids) - _SHOW} more)" if len(ids) > _SHOW else "")
+    return shown_list(repr(i) for i in ids)
 
 
 def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
