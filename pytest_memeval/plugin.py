@@ -23,11 +23,9 @@ from pytest_memeval.core.profiles import Profile, ProfileError, describe_overrid
 from pytest_memeval.core.sharding import describe_shard
 from pytest_memeval.decode import make_model_decoder
 from pytest_memeval.decode.replay import ReplayDecoder
-from pytest_memeval.guards import items as guard_items
 from pytest_memeval.model.checks import CheckpointError
 from pytest_memeval.model.loading import load_model
 from pytest_memeval.model.preflight import PreflightError
-from pytest_memeval.runtime import cmdline, device_binding, failures, progress
 from pytest_memeval.runtime.cmdline import check_worker_setup, setup_note
 from pytest_memeval.runtime.controller import MemevalController
 
@@ -39,37 +37,37 @@ from pytest_memeval.runtime.session import DECODE_PATHS, REPLAY_SOURCE, build_st
 from pytest_memeval.runtime.startup import EarlyLoad, StartupWatch
 from pytest_memeval.runtime.state import STATE_KEY, is_worker, workerinput
 from pytest_memeval.runtime.worker import MemevalWorker
-from pytest_memeval.tools import gate, html_extras
 
 if TYPE_CHECKING:
     from pytest_memeval.decode import Decoder
 
 
-# Plugin modules of our own, registered with this one (in this order):
-#   gate: CI gates and known failures; failures: wrong answers one line each (pytest's -v, --tb,
-#   -rA give full reports); html_extras: the pytest-html integration (active only with
-#   pytest-html); cmdline: `--memeval-out DIR` written with a space keeps pytest's rootdir and
-#   config file right; device_binding: one device per xdist worker, its early hooks bind before
-#   anything touches CUDA; guard items: parametrizes @pytest.mark.memeval_guard items
-#   (model-free, no --ckpt); progress: --memeval-progress lines while a run goes.
-# Registered here rather than named in ``pytest_plugins``: pytest would mark each for assertion
-# rewriting after this module has imported it, and warn once per module on every run.
-PLUGIN_MODULES = (
-    gate,
-    failures,
-    html_extras,
-    cmdline,
-    device_binding,
-    guard_items,
-    progress,
-)
+# Plugin modules of our own, loaded with this one, in this order (pytest registers each right
+# after this module, so their hooks run in the order the tests and docs describe):
+pytest_plugins = [
+    # CI gates and known failures.
+    "pytest_memeval.tools.gate",
+    # Wrong answers shown one line each (pytest's -v, --tb, -rA give full reports).
+    "pytest_memeval.runtime.failures",
+    # The pytest-html integration (active only with pytest-html).
+    "pytest_memeval.tools.html_extras",
+    # `--memeval-out DIR` written with a space: keep pytest's rootdir/config file right.
+    "pytest_memeval.runtime.cmdline",
+    # One device per xdist worker; its early hooks bind before anything touches CUDA.
+    "pytest_memeval.runtime.device_binding",
+    # Byte guards: parametrizes @pytest.mark.memeval_guard items (model-free, no --ckpt).
+    "pytest_memeval.guards.items",
+    # --memeval-progress / memeval_progress: progress lines while a run goes (controller).
+    "pytest_memeval.runtime.progress",
+]
+# This module imports several of them before pytest reads ``pytest_plugins``; pytest would
+# then warn once per module that it cannot rewrite their asserts. They hold no test code, so
+# each says PYTEST_DONT_REWRITE in its docstring (pytest's documented opt-out), and
+# tests/integration/test_plugin_warnings.py runs pytest with that warning as an error.
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
-    for module in PLUGIN_MODULES:
-        if not pluginmanager.is_registered(module):
-            pluginmanager.register(module, module.__name__)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -32,7 +32,6 @@ __all__ = [
     "atomic_write",
     "fsync_dir",
     "read_json",
-    "read_predictions",
     "sha256_file",
     "write_json",
 ]
@@ -108,26 +107,6 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 def read_json(path: Path) -> Any:
     with path.open(encoding="utf-8") as fh:
         return json.load(fh)
-
-
-def read_predictions(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield records of a predictions or journal file; a torn last line is an error here.
-
-    A journal's header line (``{"memeval_journal": ...}``) is not a record and is skipped.
-    """
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: malformed record ({exc.msg})") from None
-            if isinstance(record, dict) and JOURNAL_HEADER_KEY in record:
-                continue
-            if not isinstance(record, dict) or "id" not in record:
-                raise ValueError(f"{path}:{lineno}: not a scenario record")
-            yield record
 
 
 class Journal:

@@ -24,6 +24,8 @@ The plugin parametrizes each function over the variants whose table enables its 
 per scenario where the guard is per scenario (``test_reference_bytes[baseline-s0001]``). Your
 own guard test can do the same: mark it ``@pytest.mark.memeval_guard(KIND)`` and take the
 ``memeval_guard`` argument (a :class:`GuardCase`); ``KIND`` is one of :data:`GUARD_KINDS`.
+
+PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 """
 
 from __future__ import annotations

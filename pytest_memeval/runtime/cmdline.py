@@ -22,6 +22,8 @@ says what happened and how to spell the option instead of running with the wrong
 xdist workers go through the same start-up (same arguments, same working directory), so they
 are corrected the same way; the controller additionally hands them its rootdir and config
 file and each worker checks it ended up with the same (``plugin.pytest_configure``).
+
+PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 """
 
 from __future__ import annotations

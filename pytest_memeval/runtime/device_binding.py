@@ -17,6 +17,8 @@ plain ``pytest -n 8`` of another project with the plugin installed is left alone
   (a new id, ``gwN``) reuses the dead worker's spec and is given that same free device.
 * Without xdist, ``--memeval-gpus`` binds the single process to the first listed device,
   before the initial conftests are imported.
+
+PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 """
 
 from __future__ import annotations

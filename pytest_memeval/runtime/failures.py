@@ -12,6 +12,8 @@ pytest's usual ways to ask for more still give pytest's usual output: ``-v``, ``
 (any style given on the command line or in ``addopts``, ``auto`` excepted), ``-rA``, or
 ``--memeval-failures=full`` (ini ``memeval_failures``). Other failures and errors (a setup
 error, a crashed worker, a failing non-eval test) are never shortened.
+
+PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 """
 
 from __future__ import annotations

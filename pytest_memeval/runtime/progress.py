@@ -15,6 +15,8 @@ and not with ``-qq``, where pytest itself stays silent.
 While the run goes, the rate is measured from the first scenario record of this session on,
 so model loading does not make the ETA look longer than the run has left; the end line uses
 the session's wall time (loading included), the same as ``timing`` in ``metrics.json``.
+
+PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ scenarios, a ``-k`` subset, a shard) or one whose recount disagreed: no complete
 The gate runs on the controller only, from ``pytest_memeval_run_written`` (the run directory
 is final). ``--memeval-expect`` is read once on the controller and handed to xdist workers as
 a list of item names (plain data), where the markers are applied at collection.
+
+PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Active only when pytest-html is installed and ``--html`` is given: the summary (
 extra with the final prompt's end, prediction against truth and the turn table. Both come from
 autoescaped Jinja2 templates (``tools/templates/summary.html``, ``scenario_detail.html``): every
 piece of model or benchmark text is escaped, a prediction is data, never markup.
+
+PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 """
 
 from __future__ import annotations

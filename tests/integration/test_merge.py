@@ -226,10 +226,10 @@ def _overlap(shards: list[Path]) -> list[Path]:
     [
         (_drop_shard, "missing shard(s): 2/3"),
         (_twice, "shard 2/3 given 2 times"),
-        (_overlap, "3 scenario(s) appear in more than one shard: s00 "),
+        (_overlap, "3 scenario(s) appear in more than one shard: 's00"),
         (_other_model, "model fingerprint differs between shards"),
         (_other_n, "number of shards N differs between shards"),
-        (_incomplete, "incomplete, 1 scenario(s) have no result: s05"),
+        (_incomplete, "incomplete, 1 scenario(s) have no result: 's05'"),
         (_unfinished, "not a finished run (its journal exists"),
         (_not_a_shard, "not a shard run"),
         (_edited_predictions, "edited after the run?"),

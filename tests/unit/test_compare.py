@@ -39,8 +39,8 @@ def test_reproduces_the_seed_table(
     # The honest remark, with the test done: 4 fixed, 2 broken -> p = 44/64.
     assert "4 fixed, 2 broken, p = 0.6875: not significant at 0.05" in out
     assert "compatible with chance" in out
-    assert f"fixed  (wrong in A, right in B): 4: {', '.join(SEED_FIXED)}" in out
-    assert f"broken (right in A, wrong in B): 2: {', '.join(SEED_BROKEN)}" in out
+    assert f"fixed  (wrong in A, right in B): 4: {', '.join(map(repr, SEED_FIXED))}" in out
+    assert f"broken (right in A, wrong in B): 2: {', '.join(map(repr, SEED_BROKEN))}" in out
     # Different benchmark files with the same ids: compared, and said so.
     assert "different benchmarks (sha256:baseline-b1 vs sha256:oracle-b1)" in out
 
@@ -105,7 +105,7 @@ def test_refuses_different_scenario_sets(
     assert main(["compare", str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert "different scenarios" in err
-    assert f"1 only in {a}: s2" in err and f"1 only in {b}: s7" in err
+    assert f"1 only in {a}: 's2'" in err and f"1 only in {b}: 's7'" in err
 
 
 def test_refuses_incomplete_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,7 +115,7 @@ def test_refuses_incomplete_runs(tmp_path: Path, capsys: pytest.CaptureFixture[s
     b = write_run(tmp_path / "b", [make_record("s0", 0, final_match=True)], ckpt="b")
     assert main(["compare", str(a), str(b)]) == 2
     err = capsys.readouterr().err
-    assert "incomplete run" in err and "1 scenario(s) have no result: s1" in err
+    assert "incomplete run" in err and "1 scenario(s) have no result: 's1'" in err
 
 
 def test_refuses_runs_that_fail_the_recount(seed: tuple[Path, Path]) -> None:
