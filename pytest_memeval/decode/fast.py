@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_memeval.compat.transformers import dynamic_cache, full_attention_kv
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.decode._types import Rollout, TurnOutput
 from pytest_memeval.decode.reference import (
@@ -722,15 +723,12 @@ def _left_padded_cache(cache: Any, rows: list[tuple[int, int]]) -> Any:
     """
     if cache is None or any(length < 1 for _, length in rows):
         return None
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+    layers = full_attention_kv(cache)  # transformers' cache layout: see compat.transformers
+    if layers is None:
         return None
     width = max(length for _, length in rows)
     data = []
-    for layer in layers:
-        keys, values = layer.keys, layer.values
+    for keys, values in layers:
         if keys is None or keys.dim() != 4 or keys.shape[-2] < width:
             return None
         # New tensors: the batch cache stays intact for the other turns (the copy-before-reuse
@@ -741,7 +739,7 @@ def _left_padded_cache(cache: Any, rows: list[tuple[int, int]]) -> Any:
             k[r, :, width - length :] = keys[row, :, :length]
             v[r, :, width - length :] = values[row, :, :length]
         data.append((k, v))
-    return DynamicCache(data)
+    return dynamic_cache(data)
 
 
 def _unique(scenarios: Iterable[Scenario]) -> list[Scenario]:

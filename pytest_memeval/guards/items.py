@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_memeval.compat.syrupy import disable_unused_snapshot_check
 from pytest_memeval.core.benchmark import Benchmark, Scenario, dump_record
 from pytest_memeval.core.profiles import resolve_profile
 from pytest_memeval.guards.checks import (
@@ -213,11 +214,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "memeval_guard(kind): a pytest-memeval byte guard, parametrized over the "
         "[tool.memeval.guards.*] variants that enable it",
     )
-    if config.option.collectonly and hasattr(config.option, "disable_unused_snapshots"):
+    if config.option.collectonly:
         # syrupy 7 judges every snapshot unused when nothing runs: `--collect-only` exits 1,
         # and `--collect-only --snapshot-update` deletes them all. Nothing can be used
         # without running, so there is nothing to judge.
-        config.option.disable_unused_snapshots = True
+        disable_unused_snapshot_check(config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

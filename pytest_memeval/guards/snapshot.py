@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from syrupy.data import SnapshotCollection
-from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
+from syrupy.extensions.single_file import SingleFileSnapshotExtension
 
+from pytest_memeval.compat.syrupy import binary_file_extension, snapshot_file_name
+from pytest_memeval.core.rundir import atomic_write
 from pytest_memeval.guards.checks import (
     describe_byte_difference,
     describe_order_difference,
@@ -37,10 +39,10 @@ _MISSING = (
 )
 
 
+@binary_file_extension
 class ByteSnapshot(SingleFileSnapshotExtension):
     """Bytes in, the same bytes on disk: binary mode, no normalisation, atomic writes."""
 
-    _write_mode = WriteMode.BINARY
     file_extension = "raw"
 
     def serialize(self, data: Any, **kwargs: Any) -> bytes:
@@ -57,22 +59,21 @@ class ByteSnapshot(SingleFileSnapshotExtension):
         data = next(iter(snapshot_collection)).data
         if not isinstance(data, bytes):
             raise TypeError(f"{cls.__name__} writes bytes, got {type(data).__name__}")
-        # Write beside the target and rename: an interrupted update leaves the old snapshot,
-        # never a truncated one (the rename is atomic on POSIX and Windows).
-        tmp = location.with_name(f".{location.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, location)
+        # The package's one atomic writer: an interrupted update leaves the old snapshot,
+        # never a truncated one.
+        atomic_write(location, data)
 
     @classmethod
     def matches_test_location(cls, *, test_location: Any, snapshot_location: str) -> bool:
         # syrupy's unused-snapshot report asks this for every (snapshot file, item) pair of a
         # module, resolving paths each time: with one file per scenario that is quadratic and
         # took most of the run. A file this extension wrote is named exactly by the item, so
-        # compare names first and leave the full check to syrupy for the one candidate left.
+        # compare names first and leave the full check to syrupy for the one candidate left
+        # (all of it, where syrupy does not expose how it names files: expected is None).
         nodename = test_location.nodename
         if nodename is not None and test_location.classname is None:
-            expected = _file_name(nodename, cls.file_extension, cls._max_stem_length())
-            if os.path.basename(snapshot_location) != expected:
+            expected = _file_name(cls, nodename, cls.file_extension)
+            if expected is not None and os.path.basename(snapshot_location) != expected:
                 return False
         return bool(
             super().matches_test_location(
@@ -94,10 +95,10 @@ class ByteSnapshot(SingleFileSnapshotExtension):
 
 
 @lru_cache(maxsize=65536)
-def _file_name(nodename: str, extension: str, max_stem: int) -> str:
-    """The file name syrupy's single-file layout gives the snapshot of item ``nodename``."""
-    stem = SingleFileSnapshotExtension._sanitize_filename(nodename)[:max_stem]
-    return f"{stem}.{extension}" if extension else stem
+def _file_name(cls: type[ByteSnapshot], nodename: str, extension: str) -> str | None:
+    """The file name syrupy's single-file layout gives the snapshot of item ``nodename``
+    (cached: asked once per snapshot file and item of a module)."""
+    return snapshot_file_name(cls, nodename, extension)
 
 
 class RecordSnapshot(ByteSnapshot):

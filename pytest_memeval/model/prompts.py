@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_memeval.compat.transformers import compile_chat_template
 from pytest_memeval.core.benchmark import Scenario
 
 __all__ = ["TurnPrompt", "conversation_ids", "render", "scenario_prompts", "turn_prompts"]
@@ -65,8 +66,8 @@ class _PrefixRenderer:
     (messages, ``tools=None``, ``documents=None``, ``add_generation_prompt``, the special
     tokens map). Each scenario is still checked against ``apply_chat_template`` itself (the
     whole conversation and the final prompt); any difference, a non-string template, or a
-    transformers without the compiled-template helper falls back to ``apply_chat_template``
-    for every prompt.
+    transformers without the compiled-template helper (``compat.transformers``) falls back to
+    ``apply_chat_template`` for every prompt.
     """
 
     def __init__(self, tokenizer: Any) -> None:
@@ -75,11 +76,9 @@ class _PrefixRenderer:
         template = getattr(tokenizer, "chat_template", None)
         if not isinstance(template, str):
             return
-        try:
-            from transformers.utils.chat_template_utils import _compile_jinja_template
-        except ImportError:  # pragma: no cover - other transformers versions
+        self.compiled = compile_chat_template(template)
+        if self.compiled is None:  # a transformers without it: apply_chat_template throughout
             return
-        self.compiled = _compile_jinja_template(template)
         self.kwargs = dict(tokenizer.special_tokens_map)
 
     def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:

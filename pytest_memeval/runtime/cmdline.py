@@ -16,7 +16,9 @@ same arguments); when that differs from what pytest chose, it puts pytest's conf
 corrected setup: rootdir, config file, ini values, ``addopts`` (taken from the right file),
 ``confcutdir``, ``pythonpath`` and the ``minversion``/``required_plugins`` checks. It is
 applied to every option of every plugin, not only ours (``--html DIR`` has the same problem).
-If the pytest internals it relies on are not there, the run stops with a usage error that
+Every pytest internal this needs is reached through :mod:`pytest_memeval.compat.pytest`. On a
+pytest whose ``determine_setup`` is not the one we know (8.x) pytest's own choice stands; if
+the config internals it would change are not there, the run stops with a usage error that
 says what happened and how to spell the option instead of running with the wrong config.
 
 xdist workers go through the same start-up (same arguments, same working directory), so they
@@ -33,9 +35,16 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from pytest_memeval.compat.pytest import (
+    Setup,
+    determine_setup,
+    missing_config_internals,
+    rerun_config_checks,
+    set_config_setup,
+)
 
 __all__ = ["SETUP_NOTE_KEY", "check_worker_setup", "setup_note"]
 
@@ -64,18 +73,19 @@ def pytest_load_initial_conftests(
     if getattr(known, "help", False) or getattr(known, "version", False):
         return
     try:
-        from _pytest.config.findpaths import determine_setup
-
         ns = parser.parse_known_args(base, namespace=copy.copy(config.option))
-        rootpath, inipath, inicfg, ignored = determine_setup(
+        setup = determine_setup(
             inifile=ns.inifilename,
             override_ini=ns.override_ini,
             args=ns.file_or_dir,
             rootdir_cmd_arg=ns.rootdir or None,
             invocation_dir=config.invocation_params.dir,
         )
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other pytest
+    except (AttributeError, TypeError):  # pragma: no cover - other pytest
         return
+    if setup is None:  # a pytest whose internal we do not know: its own choice stands
+        return
+    rootpath, inipath = setup.rootpath, setup.inipath
     if rootpath == config.rootpath and inipath == config.inipath:
         return
     # Arguments pytest took for test paths in its first pass, but which are option values.
@@ -84,7 +94,7 @@ def pytest_load_initial_conftests(
     was = f"rootdir {config.rootpath}, config file {config.inipath or 'none'}"
     now = f"rootdir {rootpath}, config file {inipath or 'none'}"
     try:
-        kept = _apply_setup(config, args, base, parser, rootpath, inipath, inicfg, ignored)
+        kept = _apply_setup(config, args, base, parser, setup)
     except _CannotFix as exc:
         raise pytest.UsageError(
             f"pytest took {what} for a test path before it knew the option that value "
@@ -121,16 +131,14 @@ def _apply_setup(
     args: list[str],
     base: list[str],
     parser: pytest.Parser,
-    rootpath: Path,
-    inipath: Path | None,
-    inicfg: Any,
-    ignored: Any,
+    setup: Setup,
 ) -> list[str]:
-    """Put ``config`` on the corrected setup (pytest internals: every one is checked first).
+    """Put ``config`` on the corrected setup (pytest internals, through ``compat.pytest``:
+    every one is checked first).
 
     Returns the plugins the wrong file's addopts loaded (``-p NAME``), which stay loaded."""
-    needed = ("_rootpath", "_inipath", "_inicfg", "_inicache", "_parser")
-    missing = [name for name in needed if not hasattr(config, name)]
+    rootpath, inipath = setup.rootpath, setup.inipath
+    missing = missing_config_internals(config)
     if missing:
         raise _CannotFix(f"this pytest has no {', '.join(missing)}")
     old_addopts = [str(a) for a in config.getini("addopts")]
@@ -154,16 +162,7 @@ def _apply_setup(
     old_pythonpath = [str(p) for p in config.getini("pythonpath")]
 
     ns_confcutdir = parser.parse_known_args(base, namespace=copy.copy(config.option)).confcutdir
-    config._rootpath = rootpath
-    config._inipath = inipath
-    config._inicfg = inicfg
-    if hasattr(config, "_ignored_config_files"):
-        config._ignored_config_files = ignored
-    config._inicache.clear()
-    extra = getattr(config._parser, "extra_info", None)
-    if isinstance(extra, dict):
-        extra["rootdir"] = str(rootpath)
-        extra["inifile"] = str(inipath)
+    set_config_setup(config, setup)
 
     new_addopts = [str(a) for a in config.getini("addopts")] if with_addopts else []
     args[:] = new_addopts + base
@@ -182,10 +181,7 @@ def _apply_setup(
             sys.path.remove(entry)
     for entry in reversed([str(p) for p in config.getini("pythonpath")]):
         sys.path.insert(0, entry)
-    for check in ("_checkversion", "_validate_plugins"):
-        method = getattr(config, check, None)
-        if callable(method):
-            method()
+    rerun_config_checks(config)
     return kept
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.compat.xdist import is_xdist_controller
 from pytest_memeval.core.formatting import per_second, score_text, shown_list
 from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
@@ -105,7 +106,7 @@ class MemevalController:
     # -- collection: which scenarios this run selected -------------------------------------
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if session.config.pluginmanager.has_plugin("dsession"):
+        if is_xdist_controller(session.config):
             return  # xdist controller: workers collect, see _XdistSelection
         self.selected = {sid for item in session.items if (sid := scenario_param(item))}
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.compat.xdist import worker_specs
 from pytest_memeval.runtime.devices import (
     ASSIGNMENT_KEY,
     CPU,
@@ -132,13 +133,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return len(groups) * max(1, int(config.getoption("memeval_workers_per_gpu")))
 
 
-def _worker_specs(config: pytest.Config) -> list[str]:
-    from xdist.workermanage import parse_tx_spec_config
-
-    specs: list[str] = parse_tx_spec_config(config)
-    return specs
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     if is_worker(config) or not _binding_requested(config.option):
@@ -147,7 +141,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if config.getoption("dist", "no") == "no" or config.getoption("collectonly"):
         return
-    specs = _worker_specs(config)
+    specs = worker_specs(config)  # compat.xdist
     import execnet
 
     if any(not execnet.XSpec(s).popen for s in specs):

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.compat.pytest import line_in_progress
 from pytest_memeval.core.formatting import per_second
 
 __all__ = ["DEFAULT_INTERVAL_S", "Progress", "format_duration", "interval_from"]
@@ -172,7 +173,6 @@ class ProgressReporter:
             return
         # pytest's dots (and xdist's) leave the cursor mid-line without telling
         # ensure_newline(); start a line of our own, the dots go on below it.
-        tw = getattr(tr, "_tw", None)
-        if tw is not None and tw.width_of_current_line:
+        if line_in_progress(tr):  # compat.pytest
             tr.write("\n")
         tr.write(f"memeval: {self.progress.line(self.total())}\n", cyan=True)

@@ -9,6 +9,10 @@ one forward batch at once (``chunk``, the fast path's batch size), so that its p
 decodes only what is already queued on it) sees a full batch. A worker gets its next chunk
 when it is down to its last scenario, as xdist's loadscope tops a worker up at two pending
 items; near the end of the queue chunks shrink so that every worker still gets work.
+
+xdist has no public API for any of this: the scheduler subclasses
+:class:`pytest_memeval.compat.xdist.ScopeScheduling`, the adapter that gives loadscope's
+private hooks and state public names, so that no xdist internal is named here.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import math
 from typing import Any
 
 import pytest
-from xdist.scheduler import LoadScopeScheduling
 
+from pytest_memeval.compat.xdist import ScopeScheduling, require_scope_scheduling
 from pytest_memeval.core.ids import IdMap
 from pytest_memeval.decode.fast import DEFAULT_ACCELERATOR_BATCH_SIZE, DEFAULT_BATCH_SIZES
 from pytest_memeval.runtime.device_binding import BINDER_NAME
@@ -39,7 +43,7 @@ def chunk_size(config: pytest.Config, decode_path: str) -> int:
     return DEFAULT_BATCH_SIZES["cpu"]
 
 
-class ScenarioScheduling(LoadScopeScheduling):  # type: ignore[misc]
+class ScenarioScheduling(ScopeScheduling):
     """Groups eval items (scenarios of ``id_map``) by scenario; other items by module; and
     sends up to ``chunk`` scopes to a worker at once."""
 
@@ -50,18 +54,19 @@ class ScenarioScheduling(LoadScopeScheduling):  # type: ignore[misc]
 
     # -- chunks -----------------------------------------------------------------------------
 
-    def _assign_work_unit(self, node: Any) -> None:
+    def assign_work(self, node: Any) -> None:
         """Send ``node`` the next scopes of the queue, up to ``chunk`` of them, in one message
         (xdist's version sends one scope)."""
-        assert self.workqueue
+        queue = self.work_queue
+        assert queue
         # Near the end, split what is left evenly so that no worker idles while another
         # works through a full chunk.
-        n = min(self.chunk, max(1, math.ceil(len(self.workqueue) / max(1, len(self.nodes)))))
-        assigned_to_node = self.assigned_work.setdefault(node, {})
-        collection = self.registered_collections[node]
+        n = min(self.chunk, max(1, math.ceil(len(queue) / max(1, len(self.nodes)))))
+        assigned_to_node = self.assigned.setdefault(node, {})
+        collection = self.collections[node]
         indexes: list[int] = []
-        for _ in range(min(n, len(self.workqueue))):
-            scope, work_unit = self.workqueue.popitem(last=False)
+        for _ in range(min(n, len(queue))):
+            scope, work_unit = queue.popitem(last=False)
             assigned_to_node[scope] = work_unit
             indexes.extend(
                 collection.index(nodeid) for nodeid, completed in work_unit.items() if not completed
@@ -72,13 +77,13 @@ class ScenarioScheduling(LoadScopeScheduling):  # type: ignore[misc]
     #
     # xdist's loadscope puts the crashed item back with the rest of its scope, so a scenario
     # that kills its worker would kill every replacement in turn; and it reschedules onto a
-    # replacement worker that has not finished collecting (KeyError in _assign_work_unit,
+    # replacement worker that has not finished collecting (KeyError in assign_work,
     # an INTERNALERROR that ends the run). Here, as in xdist's plain ``load`` scheduling, the
     # crashed item is reported (by DSession) and not rerun; the scope's other items are, and
     # a worker is given work only once its collection is in.
 
     def remove_node(self, node: Any) -> str | None:
-        workload: dict[str, dict[str, bool]] = self.assigned_work.pop(node)
+        workload: dict[str, dict[str, bool]] = self.assigned.pop(node)
         crashitem: str | None = None
         for work_unit in workload.values():
             for nodeid, completed in work_unit.items():
@@ -92,17 +97,17 @@ class ScenarioScheduling(LoadScopeScheduling):  # type: ignore[misc]
             return None
         for scope, work_unit in workload.items():
             if not all(work_unit.values()):
-                self.workqueue[scope] = work_unit
-        for other in self.assigned_work:
-            self._reschedule(other)
+                self.work_queue[scope] = work_unit
+        for other in self.assigned:
+            self.reschedule(other)
         return crashitem
 
-    def _reschedule(self, node: Any) -> None:
-        if node not in self.registered_collections:
+    def reschedule(self, node: Any) -> None:
+        if node not in self.collections:
             return  # a replacement still collecting: schedule() runs again when it is done
-        super()._reschedule(node)
+        super().reschedule(node)
 
-    def _split_scope(self, nodeid: str) -> str:
+    def scope_of(self, nodeid: str) -> str:
         sid = self.id_map.scenario_of(nodeid)
         if sid is not None:
             return f"memeval-scenario::{sid}"
@@ -113,6 +118,9 @@ class SchedulerPlugin:
     """Registered on the controller only when xdist is active and ``--dist`` is ``load``."""
 
     def __init__(self, id_map: IdMap, decode_path: str = "fast") -> None:
+        # At configure time, before any worker starts: an xdist without the hooks the
+        # scheduler builds on is one clear usage error, not a silently different schedule.
+        require_scope_scheduling()
         self.id_map = id_map
         self.decode_path = decode_path
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_memeval.compat.xdist import pending_item_indices
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.ids import scenario_param
@@ -204,7 +205,7 @@ class MemevalWorker:
     def _upcoming(self, current: str) -> list[str]:
         """Scenario ids of the items this process will run after ``current``'s, in order."""
         if is_worker(self.config):
-            indices = _xdist_pending(self.config)
+            indices = pending_item_indices(self.config)  # compat.xdist
             ids = (scenario_param(self._items[i]) for i in indices if 0 <= i < len(self._items))
             return [sid for sid in ids if sid is not None]
         if self._run_order is None:
@@ -290,23 +291,3 @@ class MemevalWorker:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else "(no message)"
-
-
-def _xdist_pending(config: pytest.Config) -> list[int]:
-    """Indices (into ``session.items``) of the items xdist has queued on this worker.
-
-    xdist has no public API for this: read its worker loop's queue defensively, and return
-    nothing (no prefetch; results are unaffected) if it is not there.
-    """
-    for plugin in config.pluginmanager.get_plugins():
-        queue = getattr(plugin, "torun", None)
-        if queue is None or not hasattr(queue, "lock") or not hasattr(plugin, "nextitem_index"):
-            continue
-        try:
-            with queue.lock() as items:
-                pending = [i for i in items if isinstance(i, int)]
-        except Exception:  # a changed xdist internal: no prefetch, never a failure
-            return []
-        nxt = plugin.nextitem_index
-        return ([nxt] if isinstance(nxt, int) else []) + pending
-    return []

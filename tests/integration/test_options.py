@@ -118,7 +118,8 @@ def test_every_path_option_keeps_the_projects_setup(
     assert config.inipath == memeval_project.path / "pyproject.toml"
     assert config.getini("memeval_decode") == "reference"
     assert config.getini("memeval_out") == "results"
-    assert config.getoption("maxfail") == 0  # the foreign addopts did not apply
+    # The foreign addopts (--maxfail=7) did not apply: the default is 0, None from pytest 9.2.
+    assert config.getoption("maxfail") in (0, None)
     assert not config.pluginmanager.has_plugin("cacheprovider")  # the project's did
     assert config.args == [str(memeval_project.path)]  # the value is no test path
     assert str(value) in (config.stash.get(SETUP_NOTE_KEY, None) or "")

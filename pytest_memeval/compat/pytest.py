@@ -1,0 +1,123 @@
+"""pytest internals: the rootdir/config-file decision (pytest#8846) and the terminal writer.
+
+pytest picks its rootdir and config file before plugins add their options (pytest#8846);
+``runtime/cmdline.py`` repeats that decision with every option known and, when it differs,
+puts the config on the corrected setup. pytest has no public API for either step. Everything
+here was checked on pytest 9.0.3 (installed) and 9.2.0 (the newest release): the same
+``determine_setup`` signature and the same ``Config`` attributes. pytest 8.x has a
+``determine_setup`` without ``override_ini`` that returns three values: :func:`determine_setup`
+answers ``None`` there, and pytest's own choice stands (the ``--opt=VALUE`` spelling works).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+__all__ = [
+    "CONFIG_INTERNALS",
+    "Setup",
+    "determine_setup",
+    "line_in_progress",
+    "missing_config_internals",
+    "rerun_config_checks",
+    "set_config_setup",
+]
+
+
+class Setup(NamedTuple):
+    """pytest's setup decision: rootdir, config file, its ini values, config files ignored."""
+
+    rootpath: Path
+    inipath: Path | None
+    inicfg: Any
+    ignored: Sequence[str]
+
+
+def determine_setup(
+    *,
+    inifile: str | None,
+    override_ini: Sequence[str] | None,
+    args: Sequence[str],
+    rootdir_cmd_arg: str | None,
+    invocation_dir: Path,
+) -> Setup | None:
+    """pytest's own rootdir/config-file decision for these arguments, or ``None`` when this
+    pytest's internal is not the one we know (then no correction is attempted)."""
+    # private: _pytest.config.findpaths.determine_setup (keyword-only, returns
+    # (rootpath, inipath, inicfg, ignored_config_files)). Checked on pytest 9.0.3 and 9.2.0;
+    # pytest 8.0-8.4 take no override_ini and return 3 values (TypeError/length: None).
+    try:
+        from _pytest.config.findpaths import determine_setup as _determine_setup
+    except ImportError:
+        return None
+    try:
+        result = _determine_setup(
+            inifile=inifile,
+            override_ini=override_ini,
+            args=args,
+            rootdir_cmd_arg=rootdir_cmd_arg,
+            invocation_dir=invocation_dir,
+        )
+    except TypeError:
+        return None
+    if not isinstance(result, tuple) or len(result) != 4:
+        return None
+    rootpath, inipath, inicfg, ignored = result
+    return Setup(Path(rootpath), Path(inipath) if inipath is not None else None, inicfg, ignored)
+
+
+#: private: the Config attributes pytest sets from determine_setup (Config._preparse), and the
+#: ini cache and parser. Checked on pytest 9.0.3 and 9.2.0 (``_ignored_config_files`` is
+#: optional: pytest 8.x has none).
+CONFIG_INTERNALS = ("_rootpath", "_inipath", "_inicfg", "_inicache", "_parser")
+
+
+def missing_config_internals(config: pytest.Config) -> list[str]:
+    """The names of :data:`CONFIG_INTERNALS` this pytest's config lacks (empty: all there)."""
+    return [name for name in CONFIG_INTERNALS if not hasattr(config, name)]
+
+
+def set_config_setup(config: pytest.Config, setup: Setup) -> None:
+    """Put ``config`` on ``setup`` as pytest's ``Config._preparse`` does after its own
+    ``determine_setup`` call (rootdir, config file, ini values; the ini cache cleared; the
+    rootdir/inifile lines of the usage-error text). Call :func:`missing_config_internals`
+    first: this raises ``AttributeError`` on a pytest without them."""
+    missing = missing_config_internals(config)
+    if missing:
+        raise AttributeError(f"this pytest's Config has no {', '.join(missing)}")
+    # private: Config._rootpath/_inipath/_inicfg/_ignored_config_files/_inicache (9.0.3, 9.2.0)
+    config._rootpath = setup.rootpath
+    config._inipath = setup.inipath
+    config._inicfg = setup.inicfg
+    if hasattr(config, "_ignored_config_files"):
+        config._ignored_config_files = setup.ignored
+    config._inicache.clear()
+    # private: Config._parser.extra_info (a dict pytest shows on a usage error; 9.0.3, 9.2.0)
+    extra = getattr(config._parser, "extra_info", None)
+    if isinstance(extra, dict):
+        extra["rootdir"] = str(setup.rootpath)
+        extra["inifile"] = str(setup.inipath)
+
+
+def rerun_config_checks(config: pytest.Config) -> None:
+    """Repeat pytest's ``minversion`` and ``required_plugins`` checks on the current ini
+    values (each only if this pytest has it)."""
+    # private: Config._checkversion, Config._validate_plugins (pytest 9.0.3, 9.2.0)
+    for check in ("_checkversion", "_validate_plugins"):
+        method = getattr(config, check, None)
+        if callable(method):
+            method()
+
+
+def line_in_progress(reporter: Any) -> bool:
+    """Whether the terminal reporter's current line already has text (pytest's progress
+    dots leave the cursor mid-line without telling ``ensure_newline``). ``False`` when it
+    cannot tell."""
+    # private: TerminalReporter._tw (its TerminalWriter; width_of_current_line is public on
+    # it). Checked on pytest 9.0.3 and 9.2.0.
+    writer = getattr(reporter, "_tw", None)
+    return bool(getattr(writer, "width_of_current_line", 0))
