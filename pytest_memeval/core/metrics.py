@@ -137,7 +137,7 @@ def metrics_document(
     scope: Mapping[str, object],
     missing: list[str],
     not_selected: list[str],
-    fingerprints: Mapping[str, str | None],
+    fingerprints: Mapping[str, str | None] | Fingerprints,
     decoding: Mapping[str, object],
     benchmark: dict[str, object] | None,
     predictions_sha256: str,

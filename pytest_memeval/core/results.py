@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import TypedDict
 
 from pytest_memeval.core.metrics import Tally, metrics_document
-from pytest_memeval.core.records import Metrics, Record, RecordError, read_records, validate_metrics
+from pytest_memeval.core.records import (
+    Fingerprints,
+    Metrics,
+    Record,
+    RecordError,
+    read_records,
+    validate_metrics,
+)
 from pytest_memeval.core.recount import RecountError, compare_counts, recount_file, recount_run
 from pytest_memeval.core.rundir import (
     JOURNAL,
@@ -85,7 +92,7 @@ class RunFacts:
     kind: str
     complete: bool
     scope: Mapping[str, object]
-    fingerprints: Mapping[str, str | None]
+    fingerprints: Mapping[str, str | None] | Fingerprints
     decoding: Mapping[str, object]
     benchmark: dict[str, object] | None
     wall_s: float | None
