@@ -10,18 +10,17 @@ where the turn structure is unaligned with ``memory_chain``).
 
 from __future__ import annotations
 
-from typing import Any
-
+from pytest_memeval.core.records import Record
 from pytest_memeval.runtime.assertions import WrongAnswer, check_final_query, check_turns
 
 __all__ = ["WrongAnswer", "check_final_query", "check_turns", "test_final_query", "test_turns"]
 
 
-def test_final_query(memeval_record: dict[str, Any]) -> None:
+def test_final_query(memeval_record: Record) -> None:
     """m1: the final answer about the scene must match."""
     check_final_query(memeval_record)
 
 
-def test_turns(memeval_record: dict[str, Any]) -> None:
+def test_turns(memeval_record: Record) -> None:
     """m2: every aligned turn must match; unaligned scenarios are an xfail."""
     check_turns(memeval_record)

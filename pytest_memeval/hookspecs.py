@@ -14,6 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_memeval.core.profiles import Profile
+    from pytest_memeval.core.records import Metrics, Record
     from pytest_memeval.decode import Decoder
 
 
@@ -43,13 +44,11 @@ def pytest_memeval_make_decoder(
     """
 
 
-def pytest_memeval_record(config: pytest.Config, record: Mapping[str, Any]) -> None:
+def pytest_memeval_record(config: pytest.Config, record: Record) -> None:
     """A scenario record reached the controller (and was journaled). Plain JSON data."""
 
 
-def pytest_memeval_run_written(
-    config: pytest.Config, run_dir: Path, metrics: Mapping[str, Any]
-) -> None:
+def pytest_memeval_run_written(config: pytest.Config, run_dir: Path, metrics: Metrics) -> None:
     """A run's ``predictions.jsonl`` and ``metrics.json`` are written (recounted, final).
 
     ``run_dir`` is where they are: the top of the run directory (``runs/<ckpt>/``,

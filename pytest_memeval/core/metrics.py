@@ -8,11 +8,18 @@ the same counts from ``predictions.jsonl`` with separate code, and the two must 
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
-from pytest_memeval.core.records import SCHEMA_VERSION, Counts, RateBlock
+from pytest_memeval.core.records import (
+    SCHEMA_VERSION,
+    Counts,
+    Fingerprints,
+    Metrics,
+    RateBlock,
+    Record,
+)
 from pytest_memeval.core.stats import ClusterSums, clustered_rate_with_ci, rate_with_ci
 
 __all__ = [
@@ -42,7 +49,7 @@ def stop_flags_kind(without: int, n: int) -> str:
     return "absent" if without == n else "mixed"
 
 
-def _with_interval(block: RateBlock, interval: Mapping[str, Any]) -> RateBlock:
+def _with_interval(block: RateBlock, interval: RateBlock) -> RateBlock:
     """``block`` with the interval fields of ``interval`` (stats' result) that it has."""
     if "ci95" in interval:
         block["ci95"] = interval["ci95"]
@@ -71,7 +78,7 @@ class Tally:
     #: m2's turns clustered by scenario (for its interval): integer sums, constant memory.
     m2_clusters: ClusterSums = field(default_factory=ClusterSums)
 
-    def add(self, record: Mapping[str, Any]) -> None:
+    def add(self, record: Record) -> None:
         self.n += 1
         self.m1_correct += bool(record["final_match"])
         self.parse_fail_final += bool(record["parse_fail"])
@@ -94,7 +101,7 @@ class Tally:
         if scored:
             self.m2_clusters = self.m2_clusters.add(right, scored)
 
-    def extend(self, records: Iterable[Mapping[str, Any]]) -> Tally:
+    def extend(self, records: Iterable[Record]) -> Tally:
         for record in records:
             self.add(record)
         return self
@@ -124,30 +131,40 @@ class Tally:
 def metrics_document(
     tally: Tally,
     *,
-    ckpt: Any,
-    kind: Any,
+    ckpt: str,
+    kind: str,
     complete: bool,
-    scope: Mapping[str, Any],
+    scope: Mapping[str, object],
     missing: list[str],
     not_selected: list[str],
-    fingerprints: Mapping[str, Any],
-    decoding: Mapping[str, Any],
-    benchmark: Any,
+    fingerprints: Mapping[str, str | None] | Fingerprints,
+    decoding: Mapping[str, object],
+    benchmark: dict[str, object] | None,
     predictions_sha256: str,
-    timing: Mapping[str, Any],
-    **extra: Any,
-) -> dict[str, Any]:
+    timing: Mapping[str, object],
+    merged_from: Sequence[Mapping[str, object]] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Metrics:
     """The ``metrics.json`` of a run (docs/results-schema.md), from its tally and context.
 
     One builder for every writer (the controller, ``memeval merge``), so the layout cannot
-    drift between a run and a merged run.
+    drift between a run and a merged run. ``merged_from`` (a merge's shards) and
+    ``overrides`` are written only when given, last, in that order.
     """
-    return {
+    counts = tally.counts()
+    metrics: Metrics = {
         "schema_version": METRICS_SCHEMA_VERSION,
         "ckpt": ckpt,
         "kind": kind,
         "complete": complete,
-        **tally.counts(),
+        # tally.counts(), field by field so that the checker sees each one
+        "n": counts["n"],
+        "m1": counts["m1"],
+        "m2": counts["m2"],
+        "unaligned": counts["unaligned"],
+        "parse_fail": counts["parse_fail"],
+        "stop_flags": counts["stop_flags"],
+        "overlong": counts["overlong"],
         "scope": dict(scope),
         "missing": missing,
         "not_selected": not_selected,
@@ -155,11 +172,17 @@ def metrics_document(
             str(k): {"correct": v[0], "total": v[1]} for k, v in sorted(tally.by_position.items())
         },
         "generated_turns": tally.generated_turns,
-        "fingerprints": dict(fingerprints),
+        # The session's fingerprints (runtime/session.py: benchmark, model, adapter,
+        # decoding), kept there as a plain str -> str | None table.
+        "fingerprints": cast(Fingerprints, dict(fingerprints)),
         "decoding": dict(decoding),
         "benchmark": benchmark,
         "predictions_sha256": predictions_sha256,
         "timing": dict(timing),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        **extra,
     }
+    if merged_from is not None:
+        metrics["merged_from"] = [dict(shard) for shard in merged_from]
+    if overrides is not None:
+        metrics["overrides"] = dict(overrides)
+    return metrics

@@ -23,10 +23,17 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pytest_memeval.core.metrics import Tally, metrics_document
-from pytest_memeval.core.records import Metrics, Record, RecordError, read_records, validate_metrics
+from pytest_memeval.core.records import (
+    Fingerprints,
+    Metrics,
+    Record,
+    RecordError,
+    read_records,
+    validate_metrics,
+)
 from pytest_memeval.core.recount import RecountError, compare_counts, recount_file, recount_run
 from pytest_memeval.core.rundir import (
     JOURNAL,
@@ -40,6 +47,7 @@ from pytest_memeval.core.runlayout import SUBSETS, finished, promote, resume_tar
 
 __all__ = [
     "CheckedRun",
+    "ExtraFields",
     "FinalizeError",
     "FinishedRun",
     "RunFacts",
@@ -64,6 +72,13 @@ class FinalizeError(RuntimeError):
         self.disagreements = list(disagreements)
 
 
+class ExtraFields(TypedDict, total=False):
+    """Top-level ``metrics.json`` fields only some writers add (``RunFacts.extra``)."""
+
+    #: ``memeval merge``: one entry per shard (docs/results-schema.md)
+    merged_from: list[dict[str, object]]
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """What ``metrics.json`` says about a run besides its counts (plain data from the caller).
@@ -73,27 +88,27 @@ class RunFacts:
     top-level fields (a merge's ``merged_from``). See docs/results-schema.md.
     """
 
-    ckpt: Any
-    kind: Any
+    ckpt: str
+    kind: str
     complete: bool
-    scope: Mapping[str, Any]
-    fingerprints: Mapping[str, Any]
-    decoding: Mapping[str, Any]
-    benchmark: Any
+    scope: Mapping[str, object]
+    fingerprints: Mapping[str, str | None] | Fingerprints
+    decoding: Mapping[str, object]
+    benchmark: dict[str, object] | None
     wall_s: float | None
     missing: Sequence[str] = ()
     not_selected: Sequence[str] = ()
     #: --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile
-    overrides: Mapping[str, Any] = field(default_factory=dict)
-    timing: Mapping[str, Any] = field(default_factory=dict)
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    overrides: Mapping[str, object] = field(default_factory=dict)
+    timing: Mapping[str, object] = field(default_factory=dict)
+    extra: ExtraFields = field(default_factory=ExtraFields)
 
 
 @dataclass(frozen=True)
 class FinishedRun:
     """Where :func:`finalize_run` wrote a run, and its metrics document."""
 
-    metrics: dict[str, Any]
+    metrics: Metrics
     #: the directory the files were written into (a ``subsets/<time>/`` or the run directory)
     stage: Path
     #: where the files are now: the run directory when the run was promoted, else ``stage``
@@ -112,21 +127,21 @@ class _Batches:
     def __init__(self) -> None:
         self.n = self.total = self.largest = 0
 
-    def add(self, record: Mapping[str, Any]) -> None:
+    def add(self, record: Record) -> None:
         batch = record.get("decode_batch")
         if isinstance(batch, int):
             self.n += 1
             self.total += batch
             self.largest = max(self.largest, int(record["decode_batch_size"]))
 
-    def timing(self) -> dict[str, Any]:
+    def timing(self) -> dict[str, object]:
         """Empty when no record was decoded in a batch (reference path, replay)."""
         if not self.n:
             return {}
         return {"mean_batch": round(self.total / self.n, 3), "batch_size": self.largest}
 
 
-def _lines(records: Iterable[Mapping[str, Any]], tally: Tally, batches: _Batches) -> Iterator[str]:
+def _lines(records: Iterable[Record], tally: Tally, batches: _Batches) -> Iterator[str]:
     for record in records:
         tally.add(record)
         batches.add(record)
@@ -134,7 +149,7 @@ def _lines(records: Iterable[Mapping[str, Any]], tally: Tally, batches: _Batches
 
 
 def finalize_run(
-    records: Iterable[Mapping[str, Any]], facts: RunFacts, *, stage: Path, run_dir: Path
+    records: Iterable[Record], facts: RunFacts, *, stage: Path, run_dir: Path
 ) -> FinishedRun:
     """Write a run's ``predictions.jsonl`` and ``metrics.json`` into ``stage`` and promote it.
 
@@ -175,8 +190,8 @@ def finalize_run(
             **batches.timing(),
             **facts.timing,
         },
-        **facts.extra,
-        overrides=dict(facts.overrides),
+        merged_from=facts.extra.get("merged_from"),
+        overrides=facts.overrides,
     )
     write_json(stage / METRICS, metrics)
     if finished(metrics) and stage != run_dir:

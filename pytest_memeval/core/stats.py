@@ -13,11 +13,12 @@ library; the normal quantile is the standard library's.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
-from typing import Any
+
+from pytest_memeval.core.records import RateBlock
 
 __all__ = [
     "CLUSTER_METHOD",
@@ -108,7 +109,7 @@ def describe_p(p: float, alpha: float = 0.05) -> str:
     return f"p = {shown}: {verdict} at {alpha:g}"
 
 
-def rate_with_ci(correct: int, total: int) -> dict[str, Any]:
+def rate_with_ci(correct: int, total: int) -> RateBlock:
     """``{correct, total, rate, ci95, ci95_method}``: a count with its rate and 95% Wilson
     interval (``rate`` and ``ci95`` null when nothing was scored)."""
     if not total:
@@ -194,7 +195,7 @@ def cluster_se(sums: ClusterSums) -> float | None:
     return math.sqrt(var)
 
 
-def clustered_rate_with_ci(correct: int, sums: ClusterSums) -> dict[str, Any]:
+def clustered_rate_with_ci(correct: int, sums: ClusterSums) -> RateBlock:
     """``{correct, total, rate, ci95, ci95_method, clusters}`` for a mean of 0/1 scores in
     clusters (m2: turns clustered by scenario); ``sums`` are over the clusters' correct
     counts and sizes.
@@ -208,9 +209,15 @@ def clustered_rate_with_ci(correct: int, sums: ClusterSums) -> dict[str, Any]:
     With one scenario, Wilson over its turns (no clustering possible).
     """
     total = sums.n
-    block: dict[str, Any] = {"correct": correct, "total": total}
     if not total:
-        return {**block, "rate": None, "ci95": None, "ci95_method": None, "clusters": 0}
+        return {
+            "correct": correct,
+            "total": total,
+            "rate": None,
+            "ci95": None,
+            "ci95_method": None,
+            "clusters": 0,
+        }
     rate = correct / total
     g = sums.clusters
     se = cluster_se(sums)
@@ -223,7 +230,14 @@ def clustered_rate_with_ci(correct: int, sums: ClusterSums) -> dict[str, Any]:
     else:
         ci = [max(0.0, rate - Z95 * se), min(1.0, rate + Z95 * se)]
         method = CLUSTER_METHOD
-    return {**block, "rate": rate, "ci95": ci, "ci95_method": method, "clusters": g}
+    return {
+        "correct": correct,
+        "total": total,
+        "rate": rate,
+        "ci95": ci,
+        "ci95_method": method,
+        "clusters": g,
+    }
 
 
 # -- paired m2: exact sign-flip permutation test ---------------------------------------------
@@ -409,7 +423,7 @@ def holm(p_values: Sequence[float]) -> list[float]:
 # -- words ------------------------------------------------------------------------------------
 
 
-def interval_words(block: Mapping[str, Any]) -> str:
+def interval_words(block: RateBlock) -> str:
     """A rate block's interval with its method and sample, for a terminal line or a cell.
 
     ``95% CI [83.01%, 92.19%], Wilson over 189 scenarios`` (m1) or ``95% CI [75.91%,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.records import Record
 
 __all__ = ["WrongAnswer", "check_final_query", "check_turns"]
 
@@ -40,7 +41,7 @@ def _short(text: Any) -> str:
     return shown if len(shown) <= _SHOWN else shown[: _SHOWN - 1] + "…"
 
 
-def check_final_query(record: dict[str, Any]) -> None:
+def check_final_query(record: Record) -> None:
     """Assert the final answer matched; the message shows truth, prediction and prompt end."""
     if record["final_match"]:
         return
@@ -61,7 +62,7 @@ def check_final_query(record: dict[str, Any]) -> None:
     )
 
 
-def check_turns(record: dict[str, Any], scenario: Scenario | None = None) -> None:
+def check_turns(record: Record, scenario: Scenario | None = None) -> None:
     """Assert every aligned turn matched; xfail (with the reason) where unaligned."""
     if not record["aligned"]:
         pytest.xfail(

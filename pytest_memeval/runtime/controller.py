@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -26,6 +27,7 @@ from pytest_memeval.compat.xdist import is_xdist_controller
 from pytest_memeval.core.formatting import per_second, score_text, shown_list
 from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
+from pytest_memeval.core.records import Metrics, RateBlock, Record
 from pytest_memeval.core.results import FinalizeError, RunFacts, finalize_run
 from pytest_memeval.core.rundir import JOURNAL, METRICS, Journal
 from pytest_memeval.core.runlayout import (
@@ -62,7 +64,7 @@ class MemevalController:
         self.run_dir = state.run_dir
         self.offsets: dict[str, int] = {}
         self.selected: set[str] | None = None
-        self.metrics: dict[str, Any] | None = None
+        self.metrics: Metrics | None = None
         self.problems: list[str] = []
         self.notes: list[str] = []
         self.started = time.time()
@@ -228,8 +230,14 @@ class MemevalController:
             overrides=self.state.extra.get("overrides", {}),
         )
         try:
+            # The journal holds the records this controller appended from the workers'
+            # reports: scoring.score's Records (plain data across processes); the written
+            # predictions are recounted by finalize_run.
+            records = cast(
+                "Iterator[Record]", self.journal.read_at(self.offsets[sid] for sid in done)
+            )
             result = finalize_run(
-                self.journal.read_at(self.offsets[sid] for sid in done),
+                records,
                 facts,
                 stage=self.stage,
                 run_dir=self.run_dir,
@@ -293,9 +301,13 @@ class MemevalController:
         tr.line(format_summary(m))
         left = len(m["missing"]) + len(m["not_selected"])
         total = self.progress.done + len(m["missing"])
-        tr.line(self.progress.summary(total, left, float(m["timing"]["wall_s"])))
+        wall_s = m["timing"]["wall_s"]
+        assert isinstance(wall_s, float)  # this session's finalize_run wrote it
+        tr.line(self.progress.summary(total, left, wall_s))
         if m.get("overrides"):
-            tr.line(f"overridden on the command line: {describe_overrides(m['overrides'])}")
+            # This session's own overrides table (core/profiles.py: key -> value, profile).
+            overrides = cast("dict[str, dict[str, str | None]]", m["overrides"])
+            tr.line(f"overridden on the command line: {describe_overrides(overrides)}")
         if m["missing"]:
             shown = shown_list(repr(sid) for sid in m["missing"])
             tr.line(
@@ -310,9 +322,11 @@ class MemevalController:
                 red=True,
             )
         if self.resumed is not None:
+            evaluated = m["scope"]["evaluated"]
+            assert isinstance(evaluated, int)  # this session's scope (RunFacts above)
             tr.line(
                 f"resumed: {len(self.resumed.offsets)} scenario(s) taken from the journal, "
-                f"{m['scope']['evaluated'] - len(self.resumed.offsets)} evaluated now"
+                f"{evaluated - len(self.resumed.offsets)} evaluated now"
             )
         if m["scope"]["subset"]:
             s = m["scope"]
@@ -381,26 +395,26 @@ def _stale_note(stale: dict[str, Any]) -> str:
     )
 
 
-def _pct(block: dict[str, Any]) -> str:
+def _pct(block: RateBlock) -> str:
     return score_text(block["correct"], block["total"], block["rate"])
 
 
-def _status(m: dict[str, Any]) -> str:
+def _status(m: Metrics) -> str:
     shard = (m.get("scope") or {}).get("shard")
     if m["complete"]:
         return "complete"
-    if shard and not m["missing"] and not m["not_selected"]:
+    if isinstance(shard, dict) and shard and not m["missing"] and not m["not_selected"]:
         return f"shard {shard['spec']} complete; merge all shards with memeval merge"
     return "INCOMPLETE"
 
 
-def _with_ci(line: str, block: dict[str, Any]) -> list[str]:
+def _with_ci(line: str, block: RateBlock) -> list[str]:
     # The interval under the rate, with its method and sample (m2: turns in scenarios).
     words = interval_words(block)
     return [line, " " * 16 + words] if words else [line]
 
 
-def format_summary(m: dict[str, Any]) -> str:
+def format_summary(m: Metrics) -> str:
     """The terminal lines for a metrics dict."""
     lines = [
         f"ckpt {m['ckpt']}: {m['n']} scenarios ({_status(m)})",
@@ -420,14 +434,15 @@ def format_summary(m: dict[str, Any]) -> str:
             "context (--memeval-allow-overlong): not comparable to a normal result"
         )
     timing = m.get("timing") or {}
-    if timing.get("scenarios_per_s") is not None:
+    per_s = timing.get("scenarios_per_s")
+    if isinstance(per_s, (int, float)):
         batch = (
             f", mean batch {timing['mean_batch']:.1f} of {timing['batch_size']}"
             if timing.get("mean_batch") is not None
             else ""
         )
         lines.append(
-            f"throughput: {per_second(timing['scenarios_per_s'])} "
+            f"throughput: {per_second(per_s)} "
             f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')}{batch})"
         )
     return "\n".join(lines)

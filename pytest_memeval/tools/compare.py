@@ -22,11 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pytest_memeval.core.formatting import percent, score_text, shown_list
+from pytest_memeval.core.records import (
+    Fingerprints,
+    Metrics,
+    ParseFailCounts,
+    PositionCounts,
+    RateBlock,
+    Record,
+)
 from pytest_memeval.core.results import CheckedRun, RunLoadError, load_checked_run
 from pytest_memeval.core.stats import (
     CLUSTER_METHOD,
@@ -47,8 +55,15 @@ from pytest_memeval.core.stats import (
 
 __all__ = [
     "ALPHA",
+    "BoardRow",
     "CompareError",
+    "Comparison",
+    "ManyComparison",
+    "McNemar",
+    "PairedM2",
+    "Power",
     "RunData",
+    "RunSummary",
     "cli_arguments",
     "cli_main",
     "compare_many",
@@ -83,6 +98,161 @@ class CompareError(ValueError):
 RunData = CheckedRun
 
 
+# -- the comparison as data (what ``--json`` prints; docs/statistics.md) ---------------------
+
+
+class RunSummary(TypedDict):
+    """One run of a comparison (:func:`run_summary`)."""
+
+    label: str
+    path: str
+    ckpt: str
+    n: int
+    m1: RateBlock
+    m2: RateBlock
+    parse_fail: ParseFailCounts
+    unaligned: int
+    fingerprints: Fingerprints
+    m2_by_position: dict[str, PositionCounts]
+
+
+class Power(TypedDict):
+    """The minimum detectable m1 difference of a pair (:func:`m1_power`)."""
+
+    mde_pp: float | None
+    n: int
+    discordant: int
+    discordant_share: float
+    alpha: float
+    power: float
+    basis: str
+    method: str
+    statement: str
+
+
+class _McNemarFields(TypedDict):
+    test: str
+    fixed: int
+    broken: int
+    discordant: int
+    p_value: float
+    alpha: float
+    significant: bool
+    statement: str
+
+
+class McNemar(_McNemarFields, total=False):
+    """The exact McNemar test of a pair; ``p_holm`` and ``significant_holm`` when the pair
+    is one of several runs compared with one baseline (:func:`compare_many`)."""
+
+    p_holm: float
+    significant_holm: bool
+
+
+class _PairedM2Fields(TypedDict):
+    scenarios: int
+    of: int
+    not_comparable: int
+    turns: int
+    changed: int
+    a: float | None
+    b: float | None
+    delta_pp: float | None
+    ci95_pp: list[float] | None
+    ci95_method: str | None
+    test: str
+    p_value: float | None
+    alpha: float
+    significant: bool | None
+    statement: str
+
+
+class PairedM2(_PairedM2Fields, total=False):
+    """m2 compared paired by scenario (:func:`paired_m2`); Holm fields as in :class:`McNemar`
+    (only where the pair has a p-value)."""
+
+    p_holm: float
+    significant_holm: bool
+
+
+class Divergent(TypedDict):
+    """The scenarios whose turn structure differs between the two runs."""
+
+    count: int
+    total: int
+    ids: list[str]
+
+
+class Flips(TypedDict):
+    """Scenarios whose m1 outcome changed: fixed (wrong in A, right in B) and broken."""
+
+    fixed: list[str]
+    broken: list[str]
+
+
+class Comparison(TypedDict):
+    """Two runs compared (:func:`compare_runs`)."""
+
+    a: RunSummary
+    b: RunSummary
+    n: int
+    same_benchmark: bool
+    notes: list[str]
+    m1_delta_pp: float | None
+    m1_delta_scenarios: int
+    m1_delta_ci95_pp: list[float] | None
+    m1_delta_ci95_method: str
+    m1_mde_pp: float | None
+    m1_power: Power
+    m2_delta_pp: float | None
+    m2_delta_over: str
+    m2_paired: PairedM2
+    divergent: Divergent
+    final_gt_differs: list[str]
+    mcnemar: McNemar
+    flips: Flips
+
+
+class _BoardRowFields(TypedDict):
+    label: str
+    path: str
+    baseline: bool
+    m1: RateBlock
+    m2: RateBlock
+
+
+class BoardRow(_BoardRowFields, total=False):
+    """A leaderboard row: the baseline's has no pair fields; ``rank`` once sorted."""
+
+    m1_delta_pp: float | None
+    m1_delta_ci95_pp: list[float] | None
+    m1_p: float
+    m1_p_holm: float
+    m1_mde_pp: float | None
+    m2_paired_delta_pp: float | None
+    m2_paired_scenarios: int
+    m2_p_holm: float | None
+    rank: int
+
+
+class Correction(TypedDict):
+    """How the p-values of :func:`compare_many` were corrected."""
+
+    method: str
+    families: dict[str, int]
+    alpha: float
+
+
+class ManyComparison(TypedDict):
+    """Several runs compared with one baseline (:func:`compare_many`)."""
+
+    baseline: RunSummary
+    n: int
+    runs: list[Comparison]
+    correction: Correction
+    leaderboard: list[BoardRow]
+
+
 def load_run(path: Path) -> RunData:
     """Load a run directory for comparison; raise :class:`CompareError` if it is not usable.
 
@@ -102,7 +272,7 @@ def load_run(path: Path) -> RunData:
     return run
 
 
-def _why_incomplete(metrics: Mapping[str, Any]) -> str:
+def _why_incomplete(metrics: Metrics) -> str:
     missing = metrics.get("missing") or []
     if missing:
         return f"{len(missing)} scenario(s) have no result: {_ids(missing)}"
@@ -123,7 +293,7 @@ def _ids(ids: Sequence[str]) -> str:
     return shown_list(repr(i) for i in ids)
 
 
-def turn_structure(record: Mapping[str, Any]) -> tuple[str, ...]:
+def turn_structure(record: Record) -> tuple[str, ...]:
     """The turn structure a record was evaluated on: its turns' training targets, in order.
 
     Two runs *diverge* on a scenario when these differ: a different number of turns, or a
@@ -133,7 +303,7 @@ def turn_structure(record: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(turn.get("target", turn.get("gt"))) for turn in record["turns"])
 
 
-def _scored_turns(record: Mapping[str, Any]) -> tuple[int, int]:
+def _scored_turns(record: Record) -> tuple[int, int]:
     """(right, scored) turns of a record for m2: aligned scenarios only."""
     if record.get("aligned") is not True:
         return 0, 0
@@ -141,7 +311,7 @@ def _scored_turns(record: Mapping[str, Any]) -> tuple[int, int]:
     return sum(m is True for m in scored), len(scored)
 
 
-def run_summary(label: str, run: RunData) -> dict[str, Any]:
+def run_summary(label: str, run: RunData) -> RunSummary:
     """The per-run part of a comparison: counts, rates and 95% intervals, fingerprints.
 
     m1's interval is Wilson's (one outcome per scenario); m2's is clustered by scenario
@@ -149,6 +319,7 @@ def run_summary(label: str, run: RunData) -> dict[str, Any]:
     """
     m = run.metrics
     m2_clusters = ClusterSums.of(_scored_turns(rec) for rec in run.records.values())
+    fingerprints: Fingerprints = m.get("fingerprints") or {}
     return {
         "label": label,
         "path": str(run.path),
@@ -156,9 +327,9 @@ def run_summary(label: str, run: RunData) -> dict[str, Any]:
         "n": m["n"],
         "m1": rate_with_ci(m["m1"]["correct"], m["m1"]["total"]),
         "m2": clustered_rate_with_ci(m["m2"]["correct"], m2_clusters),
-        "parse_fail": dict(m["parse_fail"]),
+        "parse_fail": m["parse_fail"].copy(),
         "unaligned": m["unaligned"],
-        "fingerprints": dict(m.get("fingerprints") or {}),
+        "fingerprints": fingerprints.copy(),
         "m2_by_position": dict(m.get("m2_by_position") or {}),
     }
 
@@ -167,7 +338,7 @@ def _pp(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else (b - a) * 100.0
 
 
-def compare_runs(run_a: RunData, run_b: RunData) -> dict[str, Any]:
+def compare_runs(run_a: RunData, run_b: RunData) -> Comparison:
     """The comparison of two loaded runs as plain JSON data (what ``--json`` prints).
 
     Raises :class:`CompareError` when the runs cover different scenario ids.
@@ -192,7 +363,7 @@ def _same_ids(run_a: RunData, run_b: RunData) -> None:
         raise CompareError("the runs cover different scenarios: " + "; ".join(parts))
 
 
-def _compare(run_a: RunData, run_b: RunData, labels: tuple[str, str]) -> dict[str, Any]:
+def _compare(run_a: RunData, run_b: RunData, labels: tuple[str, str]) -> Comparison:
     ids_a = list(run_a.records)
     summary_a, summary_b = run_summary(labels[0], run_a), run_summary(labels[1], run_b)
 
@@ -289,7 +460,7 @@ def _compare(run_a: RunData, run_b: RunData, labels: tuple[str, str]) -> dict[st
     }
 
 
-def m1_power(n: int, discordant: int, observed_pp: float | None) -> dict[str, Any]:
+def m1_power(n: int, discordant: int, observed_pp: float | None) -> Power:
     """The minimum detectable m1 difference of a paired comparison, in numbers and words.
 
     Connor's formula (:func:`~pytest_memeval.core.stats.mde_paired_binary`) at the observed
@@ -336,7 +507,7 @@ def m1_power(n: int, discordant: int, observed_pp: float | None) -> dict[str, An
     }
 
 
-def paired_m2(run_a: RunData, run_b: RunData, ids: Sequence[str]) -> dict[str, Any]:
+def paired_m2(run_a: RunData, run_b: RunData, ids: Sequence[str]) -> PairedM2:
     """m2 compared paired by scenario, on the scenarios both runs score on the same turns.
 
     Comparable: aligned in both runs, the same turn structure (:func:`turn_structure`) and
@@ -362,7 +533,7 @@ def paired_m2(run_a: RunData, run_b: RunData, ids: Sequence[str]) -> dict[str, A
         right_a += ya
         right_b += yb
     sums = ClusterSums.of(diffs)
-    out: dict[str, Any] = {
+    out: PairedM2 = {
         "scenarios": sums.clusters,
         "of": len(ids),
         "not_comparable": len(ids) - sums.clusters,
@@ -387,16 +558,14 @@ def paired_m2(run_a: RunData, run_b: RunData, ids: Sequence[str]) -> dict[str, A
     # No interval from one scenario, nor where every scenario differs alike (SE 0: the
     # sandwich would claim a point; say "n/a" rather than a certainty nobody has).
     ci = None if se is None or se == 0 else [(delta - Z95 * se) * 100, (delta + Z95 * se) * 100]
-    out.update(
-        a=right_a / sums.n,
-        b=right_b / sums.n,
-        delta_pp=delta * 100,
-        ci95_pp=ci,
-        ci95_method=None if ci is None else CLUSTER_METHOD,
-        p_value=p,
-        significant=p < ALPHA,
-        statement=describe_p(p, ALPHA),
-    )
+    out["a"] = right_a / sums.n
+    out["b"] = right_b / sums.n
+    out["delta_pp"] = delta * 100
+    out["ci95_pp"] = ci
+    out["ci95_method"] = None if ci is None else CLUSTER_METHOD
+    out["p_value"] = p
+    out["significant"] = p < ALPHA
+    out["statement"] = describe_p(p, ALPHA)
     return out
 
 
@@ -408,7 +577,7 @@ def _labels(runs: Sequence[RunData]) -> list[str]:
     return [str(run.path) for run in runs]
 
 
-def compare_many(baseline: RunData, runs: Sequence[RunData]) -> dict[str, Any]:
+def compare_many(baseline: RunData, runs: Sequence[RunData]) -> ManyComparison:
     """Each run against the baseline, Holm-corrected, and a leaderboard sorted by m1.
 
     The m1 (McNemar) p-values form one family and the paired m2 p-values another; each is
@@ -416,7 +585,7 @@ def compare_many(baseline: RunData, runs: Sequence[RunData]) -> dict[str, Any]:
     ``p_value``). Raises :class:`CompareError` if any run covers other scenario ids.
     """
     labels = _labels([baseline, *runs])
-    pairs = []
+    pairs: list[Comparison] = []
     for run, label in zip(runs, labels[1:], strict=True):
         _same_ids(baseline, run)
         pairs.append(_compare(baseline, run, (labels[0], label)))
@@ -424,8 +593,9 @@ def compare_many(baseline: RunData, runs: Sequence[RunData]) -> dict[str, Any]:
     for pair, adj in zip(pairs, m1_adj, strict=True):
         pair["mcnemar"]["p_holm"] = adj
         pair["mcnemar"]["significant_holm"] = adj < ALPHA
-    m2_pairs = [p for p in pairs if p["m2_paired"]["p_value"] is not None]
-    m2_adj = holm([p["m2_paired"]["p_value"] for p in m2_pairs])
+    m2_tested = [(p, m2_p) for p in pairs if (m2_p := p["m2_paired"]["p_value"]) is not None]
+    m2_pairs = [p for p, _ in m2_tested]
+    m2_adj = holm([m2_p for _, m2_p in m2_tested])
     for pair, adj in zip(m2_pairs, m2_adj, strict=True):
         pair["m2_paired"]["p_holm"] = adj
         pair["m2_paired"]["significant_holm"] = adj < ALPHA
@@ -447,8 +617,8 @@ def compare_many(baseline: RunData, runs: Sequence[RunData]) -> dict[str, Any]:
     }
 
 
-def _board_row(summary: Mapping[str, Any], pair: Mapping[str, Any] | None) -> dict[str, Any]:
-    row: dict[str, Any] = {
+def _board_row(summary: RunSummary, pair: Comparison | None) -> BoardRow:
+    row: BoardRow = {
         "label": summary["label"],
         "path": summary["path"],
         "baseline": pair is None,
@@ -456,28 +626,26 @@ def _board_row(summary: Mapping[str, Any], pair: Mapping[str, Any] | None) -> di
         "m2": summary["m2"],
     }
     if pair is not None:
-        row.update(
-            m1_delta_pp=pair["m1_delta_pp"],
-            m1_delta_ci95_pp=pair["m1_delta_ci95_pp"],
-            m1_p=pair["mcnemar"]["p_value"],
-            m1_p_holm=pair["mcnemar"]["p_holm"],
-            m1_mde_pp=pair["m1_mde_pp"],
-            m2_paired_delta_pp=pair["m2_paired"]["delta_pp"],
-            m2_paired_scenarios=pair["m2_paired"]["scenarios"],
-            m2_p_holm=pair["m2_paired"].get("p_holm"),
-        )
+        row["m1_delta_pp"] = pair["m1_delta_pp"]
+        row["m1_delta_ci95_pp"] = pair["m1_delta_ci95_pp"]
+        row["m1_p"] = pair["mcnemar"]["p_value"]
+        row["m1_p_holm"] = pair["mcnemar"]["p_holm"]
+        row["m1_mde_pp"] = pair["m1_mde_pp"]
+        row["m2_paired_delta_pp"] = pair["m2_paired"]["delta_pp"]
+        row["m2_paired_scenarios"] = pair["m2_paired"]["scenarios"]
+        row["m2_p_holm"] = pair["m2_paired"].get("p_holm")
     return row
 
 
 # -- text ----------------------------------------------------------------------------------
 
 
-def fmt_rate(block: Mapping[str, Any]) -> str:
+def fmt_rate(block: RateBlock) -> str:
     """``167/189 = 88.36%`` (or ``0/0 = n/a``)."""
     return score_text(block["correct"], block["total"], block["rate"])
 
 
-def fmt_ci(block: Mapping[str, Any]) -> str:
+def fmt_ci(block: RateBlock) -> str:
     """``[83.01%, 92.19%]`` (the 95% Wilson interval) or ``-``."""
     if block["ci95"] is None:
         return "-"
@@ -494,7 +662,7 @@ def fmt_pp_ci(ci: Sequence[float] | None) -> str:
     return "-" if ci is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}] pp"
 
 
-def fmt_m2_ci(block: Mapping[str, Any]) -> str:
+def fmt_m2_ci(block: RateBlock) -> str:
     """m2's interval with the number of scenarios (clusters) its turns come from."""
     if block["ci95"] is None:
         return "-"
@@ -503,18 +671,19 @@ def fmt_m2_ci(block: Mapping[str, Any]) -> str:
     return f"{fmt_ci(block)} ({how}, {block.get('clusters')} scenarios)"
 
 
-def m2_delta_lines(result: Mapping[str, Any]) -> list[str]:
+def m2_delta_lines(result: Comparison) -> list[str]:
     """The m2 lines of a pair: the unpaired overall delta and the paired one, each with
     what it was computed over (never a bare m2 delta)."""
     lines = [f"m2 delta (B - A), {result['m2_delta_over']}: {fmt_pp(result['m2_delta_pp'])}"]
     m2 = result["m2_paired"]
-    if m2["delta_pp"] is None:
+    rate_a, rate_b = m2["a"], m2["b"]  # given exactly when delta_pp is (paired_m2)
+    if m2["delta_pp"] is None or rate_a is None or rate_b is None:
         lines.append(f"m2 paired (B - A): {m2['statement']} (0 of {m2['of']} scenarios)")
     else:
         line = (
             f"m2 paired (B - A) over the {m2['scenarios']} of {m2['of']} scenarios scored on "
-            f"the same turns in both runs ({m2['turns']} turns): A {m2['a'] * 100:.2f}%, "
-            f"B {m2['b'] * 100:.2f}%, delta {fmt_pp(m2['delta_pp'])}"
+            f"the same turns in both runs ({m2['turns']} turns): A {rate_a * 100:.2f}%, "
+            f"B {rate_b * 100:.2f}%, delta {fmt_pp(m2['delta_pp'])}"
         )
         if m2["ci95_pp"] is not None:
             line += f", 95% CI {fmt_pp_ci(m2['ci95_pp'])} (clustered by scenario)"
@@ -542,7 +711,7 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
-def format_comparison(result: Mapping[str, Any]) -> str:
+def format_comparison(result: Comparison) -> str:
     """The human-readable comparison (what ``memeval compare`` prints without ``--json``)."""
     a, b = result["a"], result["b"]
     n = result["n"]
@@ -621,7 +790,7 @@ def format_comparison(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_many(result: Mapping[str, Any]) -> str:
+def format_many(result: ManyComparison) -> str:
     """The text of ``memeval compare BASELINE RUN RUN ...``: leaderboard, then each pair."""
     base = result["baseline"]
     k = len(result["runs"])
@@ -690,26 +859,27 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
 
 
-def load_pair(path_a: Path, path_b: Path) -> dict[str, Any]:
+def load_pair(path_a: Path, path_b: Path) -> Comparison:
     """Load, check and compare two run directories (raises :class:`CompareError`)."""
     return compare_runs(load_run(path_a), load_run(path_b))
 
 
 def cli_main(args: argparse.Namespace) -> int:
     """Run ``memeval compare``: 0 when compared, 2 when the runs cannot be compared."""
-    text: Callable[[Mapping[str, Any]], str]
+    result: Comparison | ManyComparison
+    text: Callable[[], str]
     try:
         if len(args.runs) == 1:
-            result = load_pair(args.run_a, args.runs[0])
-            text = format_comparison
+            pair = load_pair(args.run_a, args.runs[0])
+            result, text = pair, lambda: format_comparison(pair)
         else:
-            result = compare_many(load_run(args.run_a), [load_run(p) for p in args.runs])
-            text = format_many
+            many = compare_many(load_run(args.run_a), [load_run(p) for p in args.runs])
+            result, text = many, lambda: format_many(many)
     except CompareError as exc:
         print(f"memeval compare: refused: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
-        print(text(result))
+        print(text())
     return 0

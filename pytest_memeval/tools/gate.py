@@ -30,13 +30,13 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from pytest_memeval.core.formatting import percent, shown_list
 from pytest_memeval.core.ids import item_name, scenario_param
-from pytest_memeval.core.records import RecordError, read_records
+from pytest_memeval.core.records import Metrics, RateBlock, Record, RecordError, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
 from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
 from pytest_memeval.runtime.state import STATE_KEY, MemevalState, workerinput
@@ -245,7 +245,7 @@ def _pp(value: Fraction) -> str:
     return f"{float(value):.2f} pp"
 
 
-def _threshold(name: str, block: Mapping[str, Any], minimum: Fraction) -> GateCheck:
+def _threshold(name: str, block: RateBlock, minimum: Fraction) -> GateCheck:
     label = f"{name} >= {_pct(minimum)}"
     if not block["total"]:
         return GateCheck(label, False, f"{label}: nothing scored for {name}, cannot pass")
@@ -259,7 +259,7 @@ def _threshold(name: str, block: Mapping[str, Any], minimum: Fraction) -> GateCh
 
 def _drop(
     name: str,
-    block: Mapping[str, Any],
+    block: RateBlock,
     ref: tuple[int, int],
     baseline: Baseline,
     max_drop: Fraction,
@@ -279,7 +279,7 @@ def _drop(
     )
 
 
-def evaluate_gate(settings: GateSettings, metrics: Mapping[str, Any]) -> list[GateCheck]:
+def evaluate_gate(settings: GateSettings, metrics: Metrics) -> list[GateCheck]:
     """Check a written run's metrics against the gate settings."""
     checks: list[GateCheck] = []
     if metrics.get("complete") is not True:
@@ -347,7 +347,7 @@ def resolution_warnings(
     return out
 
 
-def wrong_answer(record: Mapping[str, Any]) -> bool:
+def wrong_answer(record: Record) -> bool:
     """Whether a scenario record holds a wrong answer (final or an aligned turn)."""
     if record.get("final_match") is not True:
         return True
@@ -374,10 +374,11 @@ class MemevalGate:
         # The record rides only on eval items' call reports (worker.py), so its presence is
         # what identifies an eval item here.
         record = getattr(report, "memeval_record", None)
-        if isinstance(record, dict) and wrong_answer(record):
+        # scoring.score's Record, as plain data from the worker that ran the item.
+        if isinstance(record, dict) and wrong_answer(cast(Record, record)):
             self.outcome.forgiven += 1
 
-    def pytest_memeval_run_written(self, run_dir: Path, metrics: Mapping[str, Any]) -> None:
+    def pytest_memeval_run_written(self, run_dir: Path, metrics: Metrics) -> None:
         self.wrote_run = True
         self.outcome.checks = evaluate_gate(self.settings, metrics)
         if self.settings.baseline is not None:

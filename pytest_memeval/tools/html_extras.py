@@ -12,10 +12,11 @@ PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from pytest_memeval.core.records import Record
 from pytest_memeval.runtime.worker import RECORD_KEY
 from pytest_memeval.tools.gate import GATE_KEY
 from pytest_memeval.tools.report import scenario_detail_html, summary_html
@@ -44,7 +45,9 @@ class MemevalHtml:
             return
         from pytest_html import extras
 
-        report.extras = [*getattr(report, "extras", []), extras.html(scenario_detail_html(record))]
+        # scoring.score's Record, as plain data from the worker that ran the item.
+        detail = scenario_detail_html(cast(Record, record))
+        report.extras = [*getattr(report, "extras", []), extras.html(detail)]
 
     def pytest_html_results_summary(
         self, prefix: list[str], summary: list[str], postfix: list[str], session: pytest.Session

@@ -21,7 +21,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ class ShardRun:
     metrics: Metrics
     shard: dict[str, Any]
     ids: list[str]
-    indices: list[Any]
+    indices: list[int]
     #: its checked records, in its predictions' order (what the merge writes)
     records: list[Record] = field(default_factory=list, repr=False)
 
@@ -103,7 +103,7 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
         metrics=metrics,
         shard=shard,
         ids=list(checked.records),
-        indices=[r.get("index") for r in checked.records.values()],
+        indices=[r["index"] for r in checked.records.values()],
         records=list(checked.records.values()),
     )
     missing = list(metrics.get("missing") or [])
@@ -134,7 +134,9 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
     return run
 
 
-def _agree(runs: Sequence[ShardRun], what: str, value: Any, problems: list[str]) -> None:
+def _agree(
+    runs: Sequence[ShardRun], what: str, value: Callable[[ShardRun], object], problems: list[str]
+) -> None:
     """One problem line when ``value(run)`` differs between runs, naming each run's value."""
     values = [value(r) for r in runs]
     if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
@@ -142,10 +144,20 @@ def _agree(runs: Sequence[ShardRun], what: str, value: Any, problems: list[str])
         problems.append(f"{what} differs between shards: {detail}")
 
 
-def _settings(metrics: dict[str, Any]) -> dict[str, Any]:
+def _settings(metrics: Metrics) -> dict[str, object]:
     decoding = dict(metrics.get("decoding") or {})
     decoding.pop("path", None)  # fast and reference give the same predictions by contract
     return decoding
+
+
+def _fingerprint(key: str) -> Callable[[ShardRun], object]:
+    """A shard run's fingerprint ``key`` (None where it has none)."""
+
+    def value(run: ShardRun) -> object:
+        fingerprints = run.metrics.get("fingerprints")
+        return None if fingerprints is None else fingerprints.get(key)
+
+    return value
 
 
 def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
@@ -165,12 +177,7 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
     _agree(runs, "profile kind", lambda r: r.metrics.get("kind"), problems)
     keys = sorted({k for r in runs for k in (r.metrics.get("fingerprints") or {})})
     for key in keys:
-        _agree(
-            runs,
-            f"{key} fingerprint",
-            lambda r, key=key: (r.metrics.get("fingerprints") or {}).get(key),
-            problems,
-        )
+        _agree(runs, f"{key} fingerprint", _fingerprint(key), problems)
     _agree(runs, "decoding settings", lambda r: _settings(r.metrics), problems)
     # --memeval-model/--memeval-adapter/--memeval-set: the merged run says what it overrode.
     _agree(runs, "overrides", lambda r: r.metrics.get("overrides") or {}, problems)
@@ -203,7 +210,7 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
         problems.append(f"the shards hold {len(seen)} scenario(s), the benchmark has {total}")
 
 
-def merge_shards(paths: Sequence[Path], out: Path) -> dict[str, Any]:
+def merge_shards(paths: Sequence[Path], out: Path) -> Metrics:
     """Merge the shard runs in ``paths`` into the run directory ``out``; returns its metrics.
 
     Raises :class:`MergeError` (and writes nothing) unless the shards make exactly one
@@ -262,7 +269,7 @@ def _out_problems(out: Path, runs: Sequence[ShardRun]) -> list[str]:
     return problems
 
 
-def _write_merged(runs: list[ShardRun], out: Path) -> dict[str, Any]:
+def _write_merged(runs: list[ShardRun], out: Path) -> Metrics:
     runs.sort(key=lambda r: r.k)
     # Written beside the top level, then promoted like a finished pytest run: an earlier
     # merge there moves to previous/, and nothing is half-replaced if this one fails.
@@ -301,8 +308,8 @@ def _merged_facts(runs: list[ShardRun]) -> RunFacts:
     wall = max((w for w in walls if isinstance(w, (int, float))), default=None)
     paths_used = sorted({str((r.metrics.get("decoding") or {}).get("path")) for r in runs})
     return RunFacts(
-        ckpt=first.get("ckpt"),
-        kind=first.get("kind"),
+        ckpt=first["ckpt"],
+        kind=first["kind"],
         complete=True,
         scope={
             "benchmark_total": total,

@@ -25,15 +25,19 @@ import base64
 import datetime as _dt
 import hashlib
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from pytest_memeval.core.records import Metrics, Record
 from pytest_memeval.core.rundir import atomic_write
 from pytest_memeval.core.stats import interval_words, rate_with_ci
 from pytest_memeval.tools.compare import (
     CompareError,
+    Comparison,
+    ManyComparison,
     RunData,
+    RunSummary,
     compare_many,
     compare_runs,
     fmt_pp,
@@ -78,18 +82,17 @@ def _generated() -> str:
 # -- pytest-html pieces ---------------------------------------------------------------------
 
 
-def scenario_detail_html(record: Mapping[str, Any]) -> str:
+def scenario_detail_html(record: Record) -> str:
     """One scenario for a pytest-html extra: prompt end, prediction vs truth, turn table."""
     wrong = sum(t.get("match") is False for t in record.get("turns", ()))
     return render("scenario_detail.html", record=record, wrong=wrong)
 
 
-def summary_html(metrics: Mapping[str, Any] | None, gate: GateOutcome | None) -> str:
+def summary_html(metrics: Metrics | None, gate: GateOutcome | None) -> str:
     """The memeval block above pytest-html's results table: m1, m2, intervals, the gate."""
     rows = []
     if metrics is not None:
-        for key, name in (("m1", "m1 final-query"), ("m2", "m2 turn-level")):
-            block = dict(metrics[key])
+        for name, block in (("m1 final-query", metrics["m1"]), ("m2 turn-level", metrics["m2"])):
             if "ci95" not in block:  # a metrics.json from before the intervals were written
                 block = rate_with_ci(block["correct"], block["total"])
             rows.append((name, fmt_rate(block), interval_words(block) or "-"))
@@ -99,10 +102,12 @@ def summary_html(metrics: Mapping[str, Any] | None, gate: GateOutcome | None) ->
 # -- charts: geometry as numbers; the templates (_charts.html) draw them ----------------------
 
 
-def _interval_chart(title: str, runs: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any]:
+def _interval_chart(
+    title: str, runs: Sequence[RunSummary], key: Literal["m1", "m2"]
+) -> dict[str, Any]:
     """Dot (rate) and whisker (95% interval) per run, on a labelled percent axis."""
     width, left, right, row_h, top = 560, 120, 150, 34, 26
-    lows = [r[key]["ci95"][0] for r in runs if r[key]["ci95"] is not None]
+    lows = [ci[0] for r in runs if (ci := r[key].get("ci95")) is not None]
     lo_axis = 0.0
     if lows and min(lows) > 0.5:
         # Zoom to where the data is, in 10-point steps; the ticks say where the axis starts.
@@ -116,15 +121,16 @@ def _interval_chart(title: str, runs: Sequence[Mapping[str, Any]], key: str) -> 
     rows = []
     for i, run in enumerate(runs):
         block = run[key]
-        row = {
+        row: dict[str, Any] = {
             "y": top + row_h * i + row_h / 2,
             "label": run["label"],
             "color": COLORS[i % len(COLORS)],
             "block": block,
         }
-        if block["rate"] is not None:
-            lo, hi = block["ci95"]
-            row.update(lo=lo, hi=hi, x_lo=x(lo), x_hi=x(hi), x_rate=x(block["rate"]))
+        rate, ci = block["rate"], block.get("ci95")
+        if rate is not None and ci is not None:  # run_summary: an interval wherever a rate
+            lo, hi = ci
+            row.update(lo=lo, hi=hi, x_lo=x(lo), x_hi=x(hi), x_rate=x(rate))
         rows.append(row)
     ticks = [lo_axis + span * i / 5 for i in range(6)]
     return {
@@ -141,7 +147,7 @@ def _interval_chart(title: str, runs: Sequence[Mapping[str, Any]], key: str) -> 
     }
 
 
-def _position_chart(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _position_chart(runs: Sequence[RunSummary]) -> dict[str, Any]:
     """m2 by turn position: one line per run, y from 0 to 100%."""
     series = []
     for run in runs:
@@ -184,12 +190,19 @@ def _position_chart(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _forest_plot(result: Mapping[str, Any]) -> dict[str, Any]:
-    """m1 delta (run - baseline) per run with its paired 95% interval, on a pp axis through 0."""
-    runs = [r for r in result["leaderboard"] if not r["baseline"]]
+def _forest_plot(result: ManyComparison) -> dict[str, Any]:
+    """m1 delta (run - baseline) per run with its paired 95% interval, on a pp axis through 0.
+
+    Runs without a delta (no scenario: no rate) have no row.
+    """
+    runs = [
+        (r, delta)
+        for r in result["leaderboard"]
+        if not r["baseline"] and (delta := r.get("m1_delta_pp")) is not None
+    ]
     bounds = [0.0]
-    for r in runs:
-        bounds.append(r["m1_delta_pp"])
+    for r, delta in runs:
+        bounds.append(delta)
         if r["m1_delta_ci95_pp"] is not None:
             bounds += list(r["m1_delta_ci95_pp"])
     reach = max(1.0, max(abs(b) for b in bounds))
@@ -204,16 +217,16 @@ def _forest_plot(result: Mapping[str, Any]) -> dict[str, Any]:
     axis_y = top + row_h * len(runs)
     ticks = [-reach + i * step for i in range(int(2 * reach / step) + 1)]
     rows = []
-    for i, r in enumerate(runs):
+    for i, (r, delta) in enumerate(runs):
         ci = r["m1_delta_ci95_pp"]
-        row = {
+        row: dict[str, Any] = {
             "y": top + row_h * i + row_h / 2,
             "label": r["label"],
             "color": COLORS[1] if r["m1_p_holm"] < 0.05 else COLORS[0],
-            "delta": r["m1_delta_pp"],
+            "delta": delta,
             "ci": ci,
             "p_holm": r["m1_p_holm"],
-            "x_delta": x(r["m1_delta_pp"]),
+            "x_delta": x(delta),
         }
         if ci is not None:
             row.update(x_lo=x(ci[0]), x_hi=x(ci[1]))
@@ -241,17 +254,12 @@ def _forest_plot(result: Mapping[str, Any]) -> dict[str, Any]:
 # -- one run, or two (A against B) -----------------------------------------------------------
 
 
-def _single(run: RunData) -> dict[str, Any]:
-    """A one-run 'comparison' (the same summary fields, no pairing)."""
-    return {"a": run_summary(run.ckpt, run), "n": run.metrics["n"], "notes": []}
-
-
-def _turns_side_by_side(recs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _turns_side_by_side(recs: Sequence[Record]) -> list[dict[str, Any]]:
     """Row k: each run's turn k (``None`` past its last turn); diverge if the targets differ."""
     rows = []
     for k in range(max(len(r["turns"]) for r in recs)):
         cells: list[dict[str, Any] | None] = []
-        targets = []
+        targets: list[str | None] = []
         for rec in recs:
             if k < len(rec["turns"]):
                 t = rec["turns"][k]
@@ -267,12 +275,13 @@ def _turns_side_by_side(recs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     return rows
 
 
-def _scenarios(runs: Sequence[RunData], result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row of the scenario table per scenario, in run A's order."""
-    two = len(runs) == 2
-    divergent = set(result["divergent"]["ids"]) if two else set()
-    fixed = set(result["flips"]["fixed"]) if two else set()
-    broken = set(result["flips"]["broken"]) if two else set()
+def _scenarios(runs: Sequence[RunData], pair: Comparison | None) -> list[dict[str, Any]]:
+    """One row of the scenario table per scenario, in run A's order (``pair``: A against B,
+    when there are two runs)."""
+    two = pair is not None
+    divergent = set(pair["divergent"]["ids"]) if pair is not None else set()
+    fixed = set(pair["flips"]["fixed"]) if pair is not None else set()
+    broken = set(pair["flips"]["broken"]) if pair is not None else set()
     rows = []
     for sid, rec_a in runs[0].records.items():
         recs = [rec_a] + ([runs[1].records[sid]] if two else [])
@@ -324,33 +333,34 @@ def render_report(runs: Sequence[RunData]) -> str:
     if len(runs) not in (1, 2):
         raise ValueError("render_report takes one or two runs")
     two = len(runs) == 2
-    result = compare_runs(runs[0], runs[1]) if two else _single(runs[0])
-    summaries = [result["a"]] + ([result["b"]] if two else [])
+    pair = compare_runs(runs[0], runs[1]) if two else None
+    # One run: the same summary fields, no pairing.
+    summaries = [pair["a"], pair["b"]] if pair is not None else [run_summary(runs[0].ckpt, runs[0])]
     return render(
         "one_or_two.html",
         title="memeval report: " + " vs ".join(s["label"] for s in summaries),
         csp=_csp(static_text("report.js")),
         generated=_generated(),
-        n=result["n"],
-        notes=result["notes"],
+        n=pair["n"] if pair is not None else runs[0].metrics["n"],
+        notes=pair["notes"] if pair is not None else [],
         letters=LETTERS[: len(runs)],
         summaries=[dict(s, color=COLORS[i], letter=LETTERS[i]) for i, s in enumerate(summaries)],
-        paired=result if two else None,
-        m2_lines=[line.strip() for line in m2_delta_lines(result)] if two else [],
+        paired=pair,
+        m2_lines=[line.strip() for line in m2_delta_lines(pair)] if pair is not None else [],
         charts=[
             _interval_chart("m1 final-query, 95% Wilson interval", summaries, "m1"),
             _interval_chart("m2 turn-level, 95% interval clustered by scenario", summaries, "m2"),
         ],
         position=_position_chart(summaries),
         filters=_filters(two),
-        scenarios=_scenarios(runs, result),
+        scenarios=_scenarios(runs, pair),
     )
 
 
 # -- many runs against one baseline ----------------------------------------------------------
 
 
-def _pair_rows(pair: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _pair_rows(pair: Comparison) -> list[tuple[str, str]]:
     """One run against the baseline: its paired numbers, as (name, text) rows."""
     mc = pair["mcnemar"]
     return [
