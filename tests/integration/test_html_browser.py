@@ -16,7 +16,7 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
-from ..unit.test_report import INJECTED, Page, injected_runs
+from ..pages import INJECTED, Page, injected_runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

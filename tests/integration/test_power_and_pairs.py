@@ -36,6 +36,7 @@ from pytest_memeval.tools.compare import compare_many, load_pair, load_run
 from pytest_memeval.tools.gate import Baseline, GateSettings, resolution_warnings
 
 from ..conftest import MemevalProject, demo_records, write_jsonl
+from ..pages import INJECTED, Page
 from ..runfactory import (
     CRAFTED_PROFILE,
     SEED_TABLE_BROKEN,
@@ -45,7 +46,6 @@ from ..runfactory import (
     seed_runs,
     write_run,
 )
-from ..unit.test_report import INJECTED, Page
 
 
 def _optional(name: str) -> Any:
