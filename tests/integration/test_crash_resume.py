@@ -23,60 +23,11 @@ from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, Journal
 from pytest_memeval.runtime.resume import JOURNAL_FORMAT, header_differences, resume_point
 
 from ..conftest import EVAL_MODULE, MemevalProject, demo_records, write_jsonl
+from ..faults import FAULTS_CONFTEST
 
 N = 3
 PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
 COUNTS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "fingerprints")
-
-FAULTS_CONFTEST = '''
-import os
-import signal
-
-import pytest
-
-
-def _scenario(item):
-    callspec = getattr(item, "callspec", None)
-    return callspec.params.get("memeval_scenario") if callspec else None
-
-
-def pytest_runtest_setup(item):
-    sid = _scenario(item)
-    if sid is not None and sid == os.environ.get("FAULT_KILL") and os.environ.get(
-        "PYTEST_XDIST_WORKER"
-    ):
-        os.kill(os.getpid(), signal.SIGKILL)  # a real, uncatchable death of this worker
-    if sid is not None and sid == os.environ.get("FAULT_INTERRUPT"):
-        raise KeyboardInterrupt
-
-
-class _FailingDecoder:
-    """The real decoder, except that the model call raises for one scenario."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.path = inner.path
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def prefetch(self, scenarios):
-        # A batched model call containing the bad scenario fails as a whole.
-        if any(s.id == os.environ.get("FAULT_RAISE") for s in scenarios):
-            raise RuntimeError("batched model call failed (injected)")
-        return self.inner.prefetch(scenarios)
-
-    def rollout(self, scenario):
-        if scenario.id == os.environ.get("FAULT_RAISE"):
-            raise RuntimeError(f"model call failed on {scenario.id} (injected)")
-        return self.inner.rollout(scenario)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_memeval_make_decoder():
-    outcome = yield
-    outcome.force_result(_FailingDecoder(outcome.get_result()))
-'''
 
 
 def content(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,10 +8,8 @@ covered by ``test_merge.py`` (records note ``cpu (N threads)``).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from pytest_memeval.runtime.devices import (
 
 from ..conftest import MemevalProject, demo_records, write_jsonl
 from ..runfactory import replay_source
+from ..workerenv import RECORD_ENV, worker_envs
 
 # -- the device list ------------------------------------------------------------------------
 
@@ -187,33 +186,6 @@ def test_a_worker_applies_its_share_of_threads_to_torch(pytester: pytest.Pyteste
 
 # -- end to end: xdist workers, fake GPUs ----------------------------------------------------
 
-RECORD_ENV = textwrap.dedent(
-    """
-    import json, os
-    from pathlib import Path
-
-    def pytest_configure(config):
-        # Every process that starts, replacements included, says what it was given.
-        wi = getattr(config, "workerinput", None)
-        if wi is None:
-            return
-        Path("envs").mkdir(exist_ok=True)
-        Path("envs", wi["workerid"] + ".json").write_text(json.dumps({
-            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER"),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "memeval_device": wi.get("memeval_device"),
-            "memeval_torch_threads": wi.get("memeval_torch_threads"),
-        }))
-    """
-)
-
-
-def _envs(root: Path) -> dict[str, dict[str, object]]:
-    return {
-        p.stem: json.loads(p.read_text("utf-8")) for p in sorted((root / "envs").glob("*.json"))
-    }
-
 
 def test_each_worker_gets_its_own_gpu_and_a_replacement_gets_the_freed_one(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
@@ -243,7 +215,7 @@ def test_each_worker_gets_its_own_gpu_and_a_replacement_gets_the_freed_one(
             "*memeval: gw2 replaced gw0 (which went down) on cuda:0 (physical 0)",
         ]
     )
-    envs = _envs(Path(pytester.path))
+    envs = worker_envs(Path(pytester.path))
     assert set(envs) == {"gw0", "gw1", "gw2"}
     seen = {w: e["CUDA_VISIBLE_DEVICES"] for w, e in envs.items()}
     assert seen == {"gw0": "0", "gw1": "1", "gw2": "0"}
@@ -281,7 +253,7 @@ def test_outer_cuda_visible_devices_is_split_among_workers(
             "memeval: workers: gw0 -> cuda:0 (physical 4), gw1 -> cuda:0 (physical 5)",
         ]
     )
-    envs = _envs(memeval_project.path)
+    envs = worker_envs(memeval_project.path)
     assert {w: e["CUDA_VISIBLE_DEVICES"] for w, e in envs.items()} == {"gw0": "4", "gw1": "5"}
 
 
@@ -304,7 +276,7 @@ def test_without_ckpt_or_gpus_the_plugin_binds_nothing(pytester: pytest.Pytester
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:randomly")
     assert result.ret == pytest.ExitCode.OK
-    envs = _envs(Path(pytester.path))
+    envs = worker_envs(Path(pytester.path))
     assert len(envs) == 2
     assert all(e["memeval_device"] is None for e in envs.values())
     outer = os.environ.get("CUDA_VISIBLE_DEVICES")

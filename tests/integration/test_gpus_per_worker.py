@@ -24,7 +24,7 @@ from pytest_memeval.runtime.devices import (
 )
 
 from ..conftest import ADAPTERS, BASE_MODEL, demo_records
-from .test_devices import RECORD_ENV, _envs
+from ..workerenv import RECORD_ENV, worker_envs
 
 
 def test_gpus_are_grouped_per_worker() -> None:
@@ -89,7 +89,7 @@ def test_each_worker_sees_its_k_gpus(
             "memeval: workers: gw0 -> cuda:0-1 (physical 0,1), gw1 -> cuda:0-1 (physical 2,3)",
         ]
     )
-    envs = _envs(Path(pytester.path))
+    envs = worker_envs(Path(pytester.path))
     seen = {w: e["CUDA_VISIBLE_DEVICES"] for w, e in envs.items()}
     assert seen == {"gw0": "0,1", "gw1": "2,3"}
     assert all(e["memeval_device"] == e["CUDA_VISIBLE_DEVICES"] for e in envs.values())

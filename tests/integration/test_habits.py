@@ -26,8 +26,8 @@ from pytest_memeval.core.runlock import LOCK_NAME, LockHeld, RunLock, read_holde
 from pytest_memeval.runtime.progress import Progress, format_duration
 
 from ..conftest import MemevalProject, demo_records, write_jsonl
+from ..faults import FAULTS_CONFTEST
 from ..runfactory import CRAFTED_PROFILE, replay_source
-from .test_crash_resume import FAULTS_CONFTEST
 
 RUN_FILES = ("metrics.json", "predictions.jsonl", "journal.jsonl")
 
