@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 from xml.etree import ElementTree
 
 import pytest
@@ -11,13 +10,7 @@ import pytest
 from pytest_memeval.core.recount import recount_run
 
 from ..conftest import MemevalProject, demo_records
-
-# Fields that say where and how fast a record was made, not what was predicted.
-PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
-
-
-def content(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in records]
+from ..runfactory import content
 
 
 def test_without_ckpt_eval_items_say_why_they_skip(memeval_project: MemevalProject) -> None:

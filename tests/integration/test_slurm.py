@@ -36,7 +36,8 @@ from pytest_memeval.tools.slurm import (
     task_info,
 )
 
-from .test_merge import IDS, write_shard
+from ..runfactory import SHARD_IDS as IDS
+from ..runfactory import write_shard
 
 # Lines as `scontrol -o show job` prints them (Slurm 22.05), cut to the fields that matter.
 PENDING_ARRAY = (
