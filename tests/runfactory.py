@@ -19,7 +19,7 @@ from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.core.rundir import sha256_file
 from pytest_memeval.core.sharding import shard_scope, shard_slice
 
-from .conftest import demo_records
+from .conftest import MemevalProject, demo_records, write_jsonl
 
 #: Record fields that say where and how fast a scenario ran, not what it produced: they
 #: differ between equal runs (serial or xdist, resumed, sharded and merged).
@@ -253,6 +253,23 @@ kind = "replay"
 predictions = "crafted.jsonl"
 benchmark = "bench.jsonl"
 """
+
+
+def write_crafted(
+    project: MemevalProject,
+    records: Sequence[dict[str, Any]],
+    *,
+    cache: bool = False,
+    **replayed: Any,
+) -> Path:
+    """A model-free project: ``records`` as the benchmark, the ``crafted`` replay profile
+    scoring :func:`replay_source` ``(records, **replayed)``. ``cache=True`` keeps pytest's
+    cache plugin on (``--lf`` needs it). Returns the predictions file."""
+    project.write(records, profiles=CRAFTED_PROFILE)
+    if cache:
+        toml = project.path / "pyproject.toml"
+        toml.write_text(toml.read_text("utf-8").replace("-p no:cacheprovider ", ""), "utf-8")
+    return write_jsonl(project.path / "crafted.jsonl", replay_source(records, **replayed))
 
 
 FINGERPRINTS = {

@@ -24,8 +24,8 @@ from pytest_memeval.tools.gate import (
     wrong_answer,
 )
 
-from ..conftest import MemevalProject, demo_records, write_jsonl
-from ..runfactory import CRAFTED_PROFILE, make_record, replay_source, write_run
+from ..conftest import MemevalProject, demo_records
+from ..runfactory import make_record, write_crafted, write_run
 
 # -- units ---------------------------------------------------------------------------------
 
@@ -143,8 +143,7 @@ def test_known_failures_from_run_file_and_cli(
 )
 def test_usage_errors(memeval_project: MemevalProject, args: list[str], message: str) -> None:
     recs = demo_records("baseline", 2)
-    memeval_project.write(recs, profiles=CRAFTED_PROFILE)
-    write_jsonl(memeval_project.path / "crafted.jsonl", replay_source(recs))
+    write_crafted(memeval_project, recs)
     result = memeval_project.pytester.runpytest(*args)  # in process: refused before any item
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in "\n".join(result.errlines + result.outlines)
@@ -154,9 +153,7 @@ def test_usage_errors(memeval_project: MemevalProject, args: list[str], message:
 def crafted(memeval_project: MemevalProject) -> tuple[MemevalProject, list[dict[str, Any]]]:
     """4 aligned demo scenarios replayed: #2 has a wrong final answer, #3 a wrong turn."""
     recs = demo_records("baseline", 4)
-    memeval_project.write(recs, profiles=CRAFTED_PROFILE)
-    preds = replay_source(recs, wrong_final=[recs[1]["id"]], wrong_turn=[recs[2]["id"]])
-    write_jsonl(memeval_project.path / "crafted.jsonl", preds)
+    write_crafted(memeval_project, recs, wrong_final=[recs[1]["id"]], wrong_turn=[recs[2]["id"]])
     return memeval_project, recs
 
 

@@ -25,9 +25,9 @@ from pytest_memeval.core.runlayout import promote, resume_target, stranded
 from pytest_memeval.core.runlock import LOCK_NAME, LockHeld, RunLock, read_holder
 from pytest_memeval.runtime.progress import Progress, format_duration
 
-from ..conftest import MemevalProject, demo_records, write_jsonl
+from ..conftest import MemevalProject, demo_records
 from ..faults import FAULTS_CONFTEST
-from ..runfactory import CRAFTED_PROFILE, replay_source
+from ..runfactory import write_crafted
 
 RUN_FILES = ("metrics.json", "predictions.jsonl", "journal.jsonl")
 
@@ -40,10 +40,7 @@ def _crafted(project: MemevalProject, n: int = 4) -> list[str]:
     """A replay project whose first scenario has a wrong final answer (its only failure):
     ``--lf`` then selects that one scenario. The cache plugin stays on (``--lf`` needs it)."""
     recs = demo_records("baseline", n)
-    project.write(recs, profiles=CRAFTED_PROFILE)
-    toml = project.path / "pyproject.toml"
-    toml.write_text(toml.read_text("utf-8").replace("-p no:cacheprovider ", ""), "utf-8")
-    write_jsonl(project.path / "crafted.jsonl", replay_source(recs, wrong_final=[recs[0]["id"]]))
+    write_crafted(project, recs, cache=True, wrong_final=[recs[0]["id"]])
     return [r["id"] for r in recs]
 
 
