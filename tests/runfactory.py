@@ -38,6 +38,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 
 
+def conv(*turns: str, final: str = "fridge", query: str = "where is mug ?") -> list[dict[str, str]]:
+    """Benchmark messages: a system line, one user/assistant pair per turn in ``turns``, then
+    the final ``query`` answered ``final``."""
+    messages = [{"role": "system", "content": "objects : mug counter"}]
+    for t in turns:
+        messages += [{"role": "user", "content": "next"}, {"role": "assistant", "content": t}]
+    return messages + [{"role": "user", "content": query}, {"role": "assistant", "content": final}]
+
+
 def make_record(
     sid: str,
     index: int,
