@@ -10,6 +10,9 @@ from pytest_memeval.tools.cli import main
 
 from ..conftest import REPO
 
+# Slow: every test decodes the demo model with both paths (memeval bench, in process).
+pytestmark = pytest.mark.slow
+
 LAST_LINE = re.compile(r"^fast/reference speedup: \d+\.\dx, predictions identical: (yes|no)$")
 
 

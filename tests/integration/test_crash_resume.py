@@ -68,6 +68,7 @@ def _assert_equals_clean(project: MemevalProject, clean: dict[str, Any]) -> None
     recount_run(project.run_dir())
 
 
+@pytest.mark.slow
 def test_killed_worker_and_failing_model_call_then_resume(
     memeval_project: MemevalProject, clean_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,6 +123,7 @@ def test_killed_worker_and_failing_model_call_then_resume(
     assert memeval_project.metrics()["scope"]["resumed"] == 1
 
 
+@pytest.mark.slow
 def test_interrupt_then_resume(
     memeval_project: MemevalProject, clean_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

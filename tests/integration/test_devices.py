@@ -163,6 +163,7 @@ def _as_worker(config: pytest.Config, workerinput: dict[str, object]) -> None:
     config.workerinput = workerinput  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_a_worker_applies_its_share_of_threads_to_torch(pytester: pytest.Pytester) -> None:
     """What the decoder gets in an xdist worker: its device, and torch limited to its share."""
     import torch
@@ -187,6 +188,7 @@ def test_a_worker_applies_its_share_of_threads_to_torch(pytester: pytest.Pyteste
 # -- end to end: xdist workers, fake GPUs ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_each_worker_gets_its_own_gpu_and_a_replacement_gets_the_freed_one(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -226,6 +228,7 @@ def test_each_worker_gets_its_own_gpu_and_a_replacement_gets_the_freed_one(
         assert env["OMP_NUM_THREADS"] == str(env["memeval_torch_threads"])
 
 
+@pytest.mark.slow
 def test_outer_cuda_visible_devices_is_split_among_workers(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,6 +260,7 @@ def test_outer_cuda_visible_devices_is_split_among_workers(
     assert {w: e["CUDA_VISIBLE_DEVICES"] for w, e in envs.items()} == {"gw0": "4", "gw1": "5"}
 
 
+@pytest.mark.slow
 def test_more_workers_than_gpus_is_refused(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-n", "3", "--memeval-gpus", "0,1", "-p", "no:randomly")
@@ -270,6 +274,7 @@ def test_more_workers_than_gpus_is_refused(pytester: pytest.Pytester) -> None:
     )
 
 
+@pytest.mark.slow
 def test_without_ckpt_or_gpus_the_plugin_binds_nothing(pytester: pytest.Pytester) -> None:
     """Another project's `pytest -n 2` with the plugin installed is left alone."""
     pytester.makeconftest(RECORD_ENV)
@@ -283,6 +288,7 @@ def test_without_ckpt_or_gpus_the_plugin_binds_nothing(pytester: pytest.Pytester
     assert all(e["CUDA_VISIBLE_DEVICES"] == outer for e in envs.values())
 
 
+@pytest.mark.slow
 def test_auto_workers_is_one_per_gpu_slot(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +307,7 @@ def test_auto_workers_is_one_per_gpu_slot(
     assert pytest_xdist_auto_num_workers(config("--memeval-gpus", "cpu")) is None
 
 
+@pytest.mark.slow
 def test_single_process_is_bound_to_the_first_listed_gpu(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

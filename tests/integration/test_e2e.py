@@ -28,6 +28,7 @@ def test_unknown_ckpt_is_a_usage_error_listing_profiles(memeval_project: Memeval
     result.stderr.fnmatch_lines(["*unknown --ckpt 'nope'*known: base, demo, replay*"])
 
 
+@pytest.mark.slow
 def test_no_xdist_and_two_workers_give_identical_runs(memeval_project: MemevalProject) -> None:
     records = demo_records("oracle", 3) + demo_records("baseline", 5)[3:]
     memeval_project.write(records)
@@ -89,6 +90,7 @@ def test_no_xdist_and_two_workers_give_identical_runs(memeval_project: MemevalPr
         assert m_serial[key] == m_xdist[key], key
 
 
+@pytest.mark.slow
 def test_subset_runs_say_so_and_replay_rescores(memeval_project: MemevalProject) -> None:
     records = demo_records("oracle", 4)
     memeval_project.write(records)

@@ -39,6 +39,9 @@ from ..families import (
     family_records,
 )
 
+# Slow: every test loads or trains tiny checkpoints of other model families.
+pytestmark = pytest.mark.slow
+
 MAX_NEW = 16
 Outputs = list[tuple[str, bool]]
 

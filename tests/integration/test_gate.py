@@ -125,6 +125,7 @@ def test_known_failures_from_run_file_and_cli(
 # -- end to end ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -157,6 +158,7 @@ def crafted(memeval_project: MemevalProject) -> tuple[MemevalProject, list[dict[
     return memeval_project, recs
 
 
+@pytest.mark.slow
 def test_demo_model_gate_decides_and_html_shows_it(memeval_project: MemevalProject) -> None:
     """The real demo model with a gate it must pass: a certainly wrong final answer is
     reported as a failure but the exit status follows the gate."""
@@ -198,6 +200,7 @@ def test_demo_model_gate_decides_and_html_shows_it(memeval_project: MemevalProje
     assert f"{m['m1']['correct']}/3 = " in page
 
 
+@pytest.mark.slow
 def test_thresholds_and_baseline(
     crafted: tuple[MemevalProject, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -234,6 +237,7 @@ def test_thresholds_and_baseline(
     )
 
 
+@pytest.mark.slow
 def test_gate_fails_an_incomplete_run(crafted: tuple[MemevalProject, list[dict[str, Any]]]) -> None:
     project, recs = crafted
     result = project.run("--ckpt", "crafted", "--memeval-min-m1", "0", "-k", recs[0]["id"])
@@ -254,6 +258,7 @@ def _reference(tmp_path: Path, ids: list[str]) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_expect_known_failures(
     crafted: tuple[MemevalProject, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -274,6 +279,7 @@ def test_expect_known_failures(
     assert project.metrics("crafted")["m1"]["correct"] == 3
 
 
+@pytest.mark.slow
 def test_expect_and_gate_under_xdist(
     crafted: tuple[MemevalProject, list[dict[str, Any]]], tmp_path: Path
 ) -> None:

@@ -32,6 +32,9 @@ from pytest_memeval.guards.checks import (
 
 from ..conftest import BASE_MODEL, DEMO
 
+# Slow: every test builds a guard project and runs pytest on it.
+pytestmark = pytest.mark.slow
+
 N = 4  # scenarios per variant in the pytester projects
 GUARD_MODULE = "test_project_guards"  # not test_guards: the repo's own module has that name
 SNAPSHOTS = Path("__snapshots__") / GUARD_MODULE

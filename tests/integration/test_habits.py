@@ -29,6 +29,9 @@ from ..conftest import MemevalProject, demo_records
 from ..faults import FAULTS_CONFTEST
 from ..runfactory import write_crafted
 
+# Slow: every test runs several pytest subprocesses (replay and demo model runs).
+pytestmark = pytest.mark.slow
+
 RUN_FILES = ("metrics.json", "predictions.jsonl", "journal.jsonl")
 
 

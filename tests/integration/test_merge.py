@@ -272,6 +272,7 @@ generation = { max_new_tokens = 16 }
 """
 
 
+@pytest.mark.slow
 def test_merged_shards_equal_the_unsharded_run(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -39,6 +39,9 @@ from ..runfactory import benchmark_with_ids as _benchmark
 from ..runfactory import read_jsonl
 from ..runfactory import replay_prediction as _prediction
 
+# Slow: whole-chain runs (pytest subprocesses, xdist, compare, report) per id set.
+pytestmark = pytest.mark.slow
+
 #: Ids every example carries (the issue's and a user smoke test's), besides generated ones.
 HARD_IDS = (
     "café-07",

@@ -32,7 +32,10 @@ from pytest_memeval.runtime.startup import describe_load_failure, parse_worker_e
 
 from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+pytestmark = [
+    pytest.mark.slow,  # most tests run the demo model in pytest subprocesses
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
 N = 2  # scenarios per run: enough for two workers, small for a 2-core machine
 

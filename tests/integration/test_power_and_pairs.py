@@ -394,6 +394,7 @@ def test_gate_resolution_warnings() -> None:
     assert after and "8 of 189 scenarios changed" in after[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]])
 def test_end_to_end_interval_summary_and_gate_warning(
     memeval_project: MemevalProject, tmp_path: Path, xdist: list[str]
@@ -431,6 +432,7 @@ def test_end_to_end_interval_summary_and_gate_warning(
     )
 
 
+@pytest.mark.slow
 def test_real_model_runs_compared_paired(
     memeval_project: MemevalProject, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,6 +19,9 @@ from pytest_memeval.runtime.scheduler import ScenarioScheduling
 from ..conftest import MemevalProject, demo_records
 from ..runfactory import content
 
+# Slow: every test evaluates the demo model serially and under xdist.
+pytestmark = pytest.mark.slow
+
 
 class FakeNode:
     """What the scheduler uses of an xdist ``WorkerController``."""

@@ -171,6 +171,7 @@ def unfinished(run_dir: Path, stamp: str = "20261201T160000Z", done: int = 0) ->
     return stage
 
 
+@pytest.mark.slow
 def test_shard_script_resumes_when_resubmitted(tmp_path: Path) -> None:
     stub = tmp_path / "python"
     stub.write_text(STUB.format(python=sys.executable))
