@@ -315,6 +315,7 @@ def test_foreign_adapters_are_refused_from_headers(bad_dirs: dict[str, Path]) ->
         load_model(BASE_MODEL, bad_dirs["llama"])
 
 
+@pytest.mark.slow
 def test_header_shapes_are_the_safetensors_library_shapes(
     bad_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
