@@ -13,6 +13,7 @@ from ..conftest import MemevalProject, demo_records
 from ..runfactory import content
 
 
+@pytest.mark.slow
 def test_without_ckpt_eval_items_say_why_they_skip(memeval_project: MemevalProject) -> None:
     memeval_project.write(n=2)
     result = memeval_project.run("-rs")
@@ -21,6 +22,7 @@ def test_without_ckpt_eval_items_say_why_they_skip(memeval_project: MemevalProje
     assert not memeval_project.run_dir().exists()
 
 
+@pytest.mark.slow
 def test_unknown_ckpt_is_a_usage_error_listing_profiles(memeval_project: MemevalProject) -> None:
     memeval_project.write(n=2)
     result = memeval_project.run("--ckpt", "nope")
