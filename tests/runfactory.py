@@ -281,15 +281,15 @@ def write_crafted(
     return write_jsonl(project.path / "crafted.jsonl", replay_source(records, **replayed))
 
 
+# -- shard runs built by hand (records in scoring's format, counted with the plugin's Tally) --
+
+#: The fingerprints every hand-built shard carries unless a test gives others.
 FINGERPRINTS = {
     "benchmark": "sha256:bench",
     "model": "sha256:model",
     "adapter": "sha256:adapter",
     "decoding": "sha256:decoding",
 }
-
-
-# -- shard runs built by hand (records in scoring's format, counted with the plugin's Tally) --
 
 
 def write_shard(
