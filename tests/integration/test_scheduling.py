@@ -19,9 +19,6 @@ from pytest_memeval.runtime.scheduler import ScenarioScheduling
 from ..conftest import MemevalProject, demo_records
 from ..runfactory import content
 
-# Slow: every test evaluates the demo model serially and under xdist.
-pytestmark = pytest.mark.slow
-
 
 class FakeNode:
     """What the scheduler uses of an xdist ``WorkerController``."""
@@ -110,6 +107,7 @@ def test_chunk_of_one_is_xdist_loadscope(pytester: pytest.Pytester) -> None:
     assert [len(batch) for batch in node.sent] == [2, 2]
 
 
+@pytest.mark.slow
 def test_two_workers_decode_full_batches(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
