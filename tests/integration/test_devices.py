@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# Imported here, not in a test: pytester drops the modules a test imports once it ends, and
+# torch's extension modules cannot load twice in one process (a later test would fail).
+import torch
+
 from pytest_memeval.runtime.devices import (
     Assignment,
     DeviceError,
@@ -166,8 +170,6 @@ def _as_worker(config: pytest.Config, workerinput: dict[str, object]) -> None:
 @pytest.mark.slow
 def test_a_worker_applies_its_share_of_threads_to_torch(pytester: pytest.Pytester) -> None:
     """What the decoder gets in an xdist worker: its device, and torch limited to its share."""
-    import torch
-
     config = pytester.parseconfig()
     before = torch.get_num_threads()
     want = 1 if before > 1 else 2
