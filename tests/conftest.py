@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "demo"
 BASE_MODEL = DEMO / "checkpoint" / "base"
 ADAPTERS = DEMO / "checkpoint" / "adapters"
+UNIT = Path(__file__).resolve().parent / "unit"
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 EVAL_MODULE = "from pytest_memeval.evaluation import test_final_query, test_turns  # noqa: F401\n"
 
@@ -34,6 +36,48 @@ def demo_records(variant: str, n: int) -> list[dict[str, Any]]:
 def write_jsonl(path: Path, records: Sequence[Any]) -> Path:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), "utf-8")
     return path
+
+
+def write_project(
+    root: Path,
+    records: Sequence[dict[str, Any]] | None = None,
+    *,
+    variant: str = "oracle",
+    n: int = 4,
+    profiles: str = "",
+    ini: str = "",
+) -> Path:
+    """Write ``bench.jsonl`` (``records``, or the first ``n`` demo records of ``variant``),
+    ``pyproject.toml`` (profiles ``demo``, ``base``, ``replay`` plus ``profiles``, ini lines
+    ``ini``) and the eval module under ``root``. Returns the benchmark path."""
+    bench = write_jsonl(root / "bench.jsonl", records or demo_records(variant, n))
+    adapter = ADAPTERS / variant
+    pyproject = textwrap.dedent(
+        f"""
+        [tool.pytest.ini_options]
+        addopts = "-p no:cacheprovider -p no:randomly"
+        {ini}
+
+        [tool.memeval.ckpt.demo]
+        model = "{BASE_MODEL.as_posix()}"
+        adapter = "{adapter.as_posix()}"
+        benchmark = "bench.jsonl"
+        generation = {{ max_new_tokens = 16 }}
+
+        [tool.memeval.ckpt.base]
+        model = "{BASE_MODEL.as_posix()}"
+        benchmark = "bench.jsonl"
+        generation = {{ max_new_tokens = 16 }}
+
+        [tool.memeval.ckpt.replay]
+        kind = "replay"
+        predictions = "runs/demo/predictions.jsonl"
+        benchmark = "bench.jsonl"
+        """
+    )
+    (root / "pyproject.toml").write_text(pyproject + textwrap.dedent(profiles), "utf-8")
+    (root / "test_eval.py").write_text(EVAL_MODULE, "utf-8")
+    return bench
 
 
 @dataclass
@@ -55,39 +99,8 @@ class MemevalProject:
         profiles: str = "",
         ini: str = "",
     ) -> Path:
-        """Write ``bench.jsonl``, ``pyproject.toml`` (profiles ``demo``, ``base``, ``replay``
-        plus ``profiles``) and the eval module. Returns the benchmark path."""
-        bench = write_jsonl(self.path / "bench.jsonl", records or demo_records(variant, n))
-        adapter = ADAPTERS / variant
-        self.pytester.makefile(
-            ".toml",
-            pyproject=textwrap.dedent(
-                f"""
-                [tool.pytest.ini_options]
-                addopts = "-p no:cacheprovider -p no:randomly"
-                {ini}
-
-                [tool.memeval.ckpt.demo]
-                model = "{BASE_MODEL.as_posix()}"
-                adapter = "{adapter.as_posix()}"
-                benchmark = "bench.jsonl"
-                generation = {{ max_new_tokens = 16 }}
-
-                [tool.memeval.ckpt.base]
-                model = "{BASE_MODEL.as_posix()}"
-                benchmark = "bench.jsonl"
-                generation = {{ max_new_tokens = 16 }}
-
-                [tool.memeval.ckpt.replay]
-                kind = "replay"
-                predictions = "runs/demo/predictions.jsonl"
-                benchmark = "bench.jsonl"
-                """
-            )
-            + textwrap.dedent(profiles),
-        )
-        self.pytester.makepyfile(test_eval=EVAL_MODULE)
-        return bench
+        """Lay out the project (see :func:`write_project`). Returns the benchmark path."""
+        return write_project(self.path, records, variant=variant, n=n, profiles=profiles, ini=ini)
 
     def run(self, *args: str, timeout: float = 300) -> pytest.RunResult:
         """Run pytest in a subprocess (xdist workers need real processes)."""
@@ -126,3 +139,13 @@ class MemevalProject:
 @pytest.fixture
 def memeval_project(pytester: pytest.Pytester) -> MemevalProject:
     return MemevalProject(pytester)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test ``unit`` or ``integration`` by its folder, so that no file repeats it
+    (``-m unit`` is the millisecond tests, ``-m "not slow"`` the inner loop)."""
+    for item in items:
+        if item.path.is_relative_to(UNIT):
+            item.add_marker(pytest.mark.unit)
+        elif item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)

@@ -1,4 +1,7 @@
-"""Build run directories by hand for the compare, gate and report tests.
+"""Build run directories, replayable predictions and benchmarks by hand, for tests.
+
+Run directories (for compare, gate, report, merge) and the predictions a ``replay`` profile
+scores without a model (so a test runs the whole plugin on many scenarios in seconds).
 
 The records follow ``scoring.score``'s format and ``metrics.json`` is counted with the
 plugin's own :class:`~pytest_memeval.core.metrics.Tally`, so the runs pass ``recount_run`` exactly
@@ -13,6 +16,35 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
+from pytest_memeval.core.rundir import sha256_file
+from pytest_memeval.core.sharding import shard_scope, shard_slice
+
+from .conftest import MemevalProject, demo_records, write_jsonl
+
+#: Record fields that say where and how fast a scenario ran, not what it produced: they
+#: differ between equal runs (serial or xdist, resumed, sharded and merged).
+PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
+#: The counts of ``metrics.json`` that equal runs of the same scenarios share.
+COUNT_FIELDS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "generated_turns")
+
+
+def content(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` without their :data:`PLACEMENT` fields: what equal runs must share."""
+    return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in records]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file (``predictions.jsonl``, a journal), blank lines skipped."""
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+
+
+def conv(*turns: str, final: str = "fridge", query: str = "where is mug ?") -> list[dict[str, str]]:
+    """Benchmark messages: a system line, one user/assistant pair per turn in ``turns``, then
+    the final ``query`` answered ``final``."""
+    messages = [{"role": "system", "content": "objects : mug counter"}]
+    for t in turns:
+        messages += [{"role": "user", "content": "next"}, {"role": "assistant", "content": t}]
+    return messages + [{"role": "user", "content": query}, {"role": "assistant", "content": final}]
 
 
 def make_record(
@@ -167,6 +199,42 @@ def seed_runs(
     return a, b
 
 
+#: The final answer of a prediction replayed wrong: no location of the demo benchmark.
+WRONG_FINAL = "nowhere_at_all"
+
+
+def benchmark_with_ids(ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Demo oracle records renamed to ``ids`` (repeated past the demo's 189 scenarios)."""
+    pool = demo_records("oracle", len(ids))
+    return [{**pool[i % len(pool)], "id": sid} for i, sid in enumerate(ids)]
+
+
+def replay_prediction(
+    record: dict[str, Any],
+    *,
+    right: bool = True,
+    final: str | None = None,
+    wrong_turn: bool = False,
+) -> dict[str, Any]:
+    """A replayable prediction for benchmark ``record``: its turns and final answer are the
+    training targets (the assistant messages), except the final answer when not ``right``
+    (:data:`WRONG_FINAL`, or ``final`` whenever given) and the first turn when ``wrong_turn``.
+    Outcomes are then known without a model."""
+    answers = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    turns = [{"pred": a, "stopped": True} for a in answers[:-1]]
+    if wrong_turn:
+        turns[0]["pred"] = "look around the room"
+    if final is None:
+        final = answers[-1] if right else WRONG_FINAL
+    return {
+        "id": record["id"],
+        "turns": turns,
+        "final_pred": final,
+        "final_stopped": True,
+        "prompt_tail": "<|user|>" + record["messages"][-2]["content"] + "<|assistant|>",
+    }
+
+
 def replay_source(
     scenarios: Sequence[dict[str, Any]],
     *,
@@ -174,28 +242,18 @@ def replay_source(
     wrong_turn: Sequence[str] = (),
     final_text: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Predictions for the replay decoder over benchmark ``scenarios``: every turn and final
-    answer right (the training targets), except the final answers of ``wrong_final``
-    (predicted ``"nowhere"``, or ``final_text[id]``) and the first turn of ``wrong_turn``.
-    Outcomes are then known without a model."""
+    """:func:`replay_prediction` for each of ``scenarios``: the final answers of the ids in
+    ``wrong_final`` wrong (or ``final_text[id]``), the first turn of ``wrong_turn`` wrong."""
     final_text = final_text or {}
-    out = []
-    for rec in scenarios:
-        answers = [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
-        turns = [{"pred": a, "stopped": True} for a in answers[:-1]]
-        if rec["id"] in wrong_turn:
-            turns[0]["pred"] = "look around the room"
-        final = final_text.get(rec["id"], "nowhere" if rec["id"] in wrong_final else answers[-1])
-        out.append(
-            {
-                "id": rec["id"],
-                "turns": turns,
-                "final_pred": final,
-                "final_stopped": True,
-                "prompt_tail": "<|user|>" + rec["messages"][-2]["content"] + "<|assistant|>",
-            }
+    return [
+        replay_prediction(
+            rec,
+            right=rec["id"] not in wrong_final,
+            final=final_text.get(rec["id"]),
+            wrong_turn=rec["id"] in wrong_turn,
         )
-    return out
+        for rec in scenarios
+    ]
 
 
 CRAFTED_PROFILE = """
@@ -204,3 +262,93 @@ kind = "replay"
 predictions = "crafted.jsonl"
 benchmark = "bench.jsonl"
 """
+
+
+def write_crafted(
+    project: MemevalProject,
+    records: Sequence[dict[str, Any]],
+    *,
+    cache: bool = False,
+    **replayed: Any,
+) -> Path:
+    """A model-free project: ``records`` as the benchmark, the ``crafted`` replay profile
+    scoring :func:`replay_source` ``(records, **replayed)``. ``cache=True`` keeps pytest's
+    cache plugin on (``--lf`` needs it). Returns the predictions file."""
+    project.write(records, profiles=CRAFTED_PROFILE)
+    if cache:
+        toml = project.path / "pyproject.toml"
+        toml.write_text(toml.read_text("utf-8").replace("-p no:cacheprovider ", ""), "utf-8")
+    return write_jsonl(project.path / "crafted.jsonl", replay_source(records, **replayed))
+
+
+# -- shard runs built by hand (records in scoring's format, counted with the plugin's Tally) --
+
+#: The fingerprints every hand-built shard carries unless a test gives others.
+FINGERPRINTS = {
+    "benchmark": "sha256:bench",
+    "model": "sha256:model",
+    "adapter": "sha256:adapter",
+    "decoding": "sha256:decoding",
+}
+
+
+def write_shard(
+    run_dir: Path,
+    all_ids: list[str],
+    k: int,
+    n: int,
+    *,
+    fingerprints: dict[str, str] = FINGERPRINTS,
+    overlong: tuple[str, ...] = (),
+    overrides: dict[str, Any] | None = None,
+) -> Path:
+    """A finished shard run of ``k``/``n`` as the controller writes it (scenarios in
+    ``overlong`` evaluated past the model's context, as --memeval-allow-overlong flags them)."""
+    start = all_ids.index(shard_slice(all_ids, k, n)[0])
+    records = [
+        make_record(
+            sid, start + i, final_match=(start + i) % 3 != 0, turn_matches=[True, i % 2 == 0]
+        )
+        for i, sid in enumerate(shard_slice(all_ids, k, n))
+    ]
+    for record in records:
+        if record["id"] in overlong:
+            record["overlong"] = {"tokens": 900, "limit": 512}
+    run_dir.mkdir(parents=True)
+    predictions = run_dir / "predictions.jsonl"
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
+    tally = Tally().extend(records)
+    metrics = {
+        "schema_version": METRICS_SCHEMA_VERSION,
+        "ckpt": "demo",
+        "kind": "model",
+        "complete": False,
+        **tally.counts(),
+        "scope": {
+            "benchmark_total": len(all_ids),
+            "in_scope": len(records),
+            "selected": len(records),
+            "evaluated": len(records),
+            "subset": False,
+            "shard": shard_scope(all_ids, (k, n)),
+            "resumed": 0,
+        },
+        "missing": [],
+        "not_selected": [],
+        "m2_by_position": {
+            str(p): {"correct": v[0], "total": v[1]} for p, v in sorted(tally.by_position.items())
+        },
+        "generated_turns": tally.generated_turns,
+        "fingerprints": dict(fingerprints),
+        "decoding": {"max_new_tokens": 16, "path": "fast"},
+        "benchmark": {"source": "bench.jsonl"},
+        "predictions_sha256": sha256_file(predictions),
+        "timing": {"wall_s": 2.0 + k, "scenarios_per_s": 1.0},
+        "overrides": overrides or {},
+    }
+    (run_dir / "metrics.json").write_text(json.dumps(metrics), "utf-8")
+    return run_dir
+
+
+#: A 7-scenario benchmark's ids: shards 1/3 .. 3/3 hold 3, 2 and 2 of them.
+SHARD_IDS = [f"s{i:02d}" for i in range(7)]

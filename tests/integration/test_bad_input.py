@@ -259,6 +259,7 @@ def bad_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_bad_input_is_one_clear_usage_error_and_writes_nothing(
     case: str, memeval_project: MemevalProject, bad_dirs: dict[str, Path]
@@ -285,6 +286,7 @@ def test_the_pickle_marker_would_fire_if_unpickled(tmp_path: Path) -> None:
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_load_model_refuses_pickle_weights_without_unpickling(bad_dirs: dict[str, Path]) -> None:
     with pytest.raises(CheckpointError, match="pickle checkpoints are refused"):
         load_model(bad_dirs["pickled"], None)
@@ -295,6 +297,7 @@ def test_load_model_refuses_pickle_weights_without_unpickling(bad_dirs: dict[str
         check_model_dir(bad_dirs["remote"])
 
 
+@pytest.mark.slow
 def test_foreign_adapters_are_refused_from_headers(bad_dirs: dict[str, Path]) -> None:
     check_adapter_fits(BASE_MODEL, ADAPTERS / "oracle")  # the demo's own adapter fits
     with pytest.raises(CheckpointError) as narrow:
@@ -312,6 +315,7 @@ def test_foreign_adapters_are_refused_from_headers(bad_dirs: dict[str, Path]) ->
         load_model(BASE_MODEL, bad_dirs["llama"])
 
 
+@pytest.mark.slow
 def test_header_shapes_are_the_safetensors_library_shapes(
     bad_dirs: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from ..conftest import REPO
 LAST_LINE = re.compile(r"^fast/reference speedup: \d+\.\dx, predictions identical: (yes|no)$")
 
 
+@pytest.mark.slow
 def test_bench_prints_both_rates_the_growth_table_and_the_verdict(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -49,6 +50,7 @@ def test_bench_prints_both_rates_the_growth_table_and_the_verdict(
     assert match.group(1) == "yes"
 
 
+@pytest.mark.slow
 def test_bench_in_bfloat16_calibrates_relative_bounds(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
         [

@@ -15,7 +15,10 @@ import pytest
 from pytest_memeval.core.ids import item_name
 
 from ..conftest import EVAL_MODULE, write_jsonl
-from ..replayfactory import benchmark_with_ids, replay_prediction
+from ..runfactory import benchmark_with_ids, replay_prediction
+
+# Slow: every test runs pytest subprocesses on a replay project.
+pytestmark = pytest.mark.slow
 
 IDS = ["s0001", "café 1", "a/b#2 [x]", "s0004", "Straße:3", "s0006"]
 WRONG = {"café 1", "s0004", "Straße:3"}  # final answers replayed wrong

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,65 +21,12 @@ from pytest_memeval.core.recount import recount_run
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, Journal
 from pytest_memeval.runtime.resume import JOURNAL_FORMAT, header_differences, resume_point
 
-from ..conftest import EVAL_MODULE, MemevalProject, demo_records, write_jsonl
+from ..conftest import MemevalProject, demo_records, write_project
+from ..faults import FAULTS_CONFTEST
+from ..runfactory import content
 
 N = 3
-PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
 COUNTS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "fingerprints")
-
-FAULTS_CONFTEST = '''
-import os
-import signal
-
-import pytest
-
-
-def _scenario(item):
-    callspec = getattr(item, "callspec", None)
-    return callspec.params.get("memeval_scenario") if callspec else None
-
-
-def pytest_runtest_setup(item):
-    sid = _scenario(item)
-    if sid is not None and sid == os.environ.get("FAULT_KILL") and os.environ.get(
-        "PYTEST_XDIST_WORKER"
-    ):
-        os.kill(os.getpid(), signal.SIGKILL)  # a real, uncatchable death of this worker
-    if sid is not None and sid == os.environ.get("FAULT_INTERRUPT"):
-        raise KeyboardInterrupt
-
-
-class _FailingDecoder:
-    """The real decoder, except that the model call raises for one scenario."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.path = inner.path
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def prefetch(self, scenarios):
-        # A batched model call containing the bad scenario fails as a whole.
-        if any(s.id == os.environ.get("FAULT_RAISE") for s in scenarios):
-            raise RuntimeError("batched model call failed (injected)")
-        return self.inner.prefetch(scenarios)
-
-    def rollout(self, scenario):
-        if scenario.id == os.environ.get("FAULT_RAISE"):
-            raise RuntimeError(f"model call failed on {scenario.id} (injected)")
-        return self.inner.rollout(scenario)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_memeval_make_decoder():
-    outcome = yield
-    outcome.force_result(_FailingDecoder(outcome.get_result()))
-'''
-
-
-def content(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in records]
 
 
 def _journal_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -96,26 +42,8 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     Laid out like ``memeval_project`` (same profile table), run once for the module."""
     root = tmp_path_factory.mktemp("clean")
-    write_jsonl(root / "bench.jsonl", demo_records("oracle", N))
-    # The ``demo`` profile exactly as conftest.MemevalProject writes it.
-    from .. import conftest
-
-    (root / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [tool.pytest.ini_options]
-            addopts = "-p no:cacheprovider -p no:randomly"
-
-            [tool.memeval.ckpt.demo]
-            model = "{conftest.BASE_MODEL.as_posix()}"
-            adapter = "{(conftest.ADAPTERS / "oracle").as_posix()}"
-            benchmark = "bench.jsonl"
-            generation = {{ max_new_tokens = 16 }}
-            """
-        ),
-        "utf-8",
-    )
-    (root / "test_eval.py").write_text(EVAL_MODULE, "utf-8")
+    # The same project as ``memeval_project`` writes (its ``demo`` profile), outside pytester.
+    write_project(root, demo_records("oracle", N))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--ckpt", "demo", "-q"],
         cwd=root,
@@ -140,6 +68,7 @@ def _assert_equals_clean(project: MemevalProject, clean: dict[str, Any]) -> None
     recount_run(project.run_dir())
 
 
+@pytest.mark.slow
 def test_killed_worker_and_failing_model_call_then_resume(
     memeval_project: MemevalProject, clean_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,6 +123,7 @@ def test_killed_worker_and_failing_model_call_then_resume(
     assert memeval_project.metrics()["scope"]["resumed"] == 1
 
 
+@pytest.mark.slow
 def test_interrupt_then_resume(
     memeval_project: MemevalProject, clean_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

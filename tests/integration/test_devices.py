@@ -8,14 +8,16 @@ covered by ``test_merge.py`` (records note ``cpu (N threads)``).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Imported here, not in a test: pytester drops the modules a test imports once it ends, and
+# torch's extension modules cannot load twice in one process (a later test would fail).
+import torch
 
 from pytest_memeval.runtime.devices import (
     Assignment,
@@ -34,6 +36,7 @@ from pytest_memeval.runtime.devices import (
 
 from ..conftest import MemevalProject, demo_records, write_jsonl
 from ..runfactory import replay_source
+from ..workerenv import RECORD_ENV, worker_envs
 
 # -- the device list ------------------------------------------------------------------------
 
@@ -164,10 +167,9 @@ def _as_worker(config: pytest.Config, workerinput: dict[str, object]) -> None:
     config.workerinput = workerinput  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_a_worker_applies_its_share_of_threads_to_torch(pytester: pytest.Pytester) -> None:
     """What the decoder gets in an xdist worker: its device, and torch limited to its share."""
-    import torch
-
     config = pytester.parseconfig()
     before = torch.get_num_threads()
     want = 1 if before > 1 else 2
@@ -187,34 +189,8 @@ def test_a_worker_applies_its_share_of_threads_to_torch(pytester: pytest.Pyteste
 
 # -- end to end: xdist workers, fake GPUs ----------------------------------------------------
 
-RECORD_ENV = textwrap.dedent(
-    """
-    import json, os
-    from pathlib import Path
 
-    def pytest_configure(config):
-        # Every process that starts, replacements included, says what it was given.
-        wi = getattr(config, "workerinput", None)
-        if wi is None:
-            return
-        Path("envs").mkdir(exist_ok=True)
-        Path("envs", wi["workerid"] + ".json").write_text(json.dumps({
-            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER"),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "memeval_device": wi.get("memeval_device"),
-            "memeval_torch_threads": wi.get("memeval_torch_threads"),
-        }))
-    """
-)
-
-
-def _envs(root: Path) -> dict[str, dict[str, object]]:
-    return {
-        p.stem: json.loads(p.read_text("utf-8")) for p in sorted((root / "envs").glob("*.json"))
-    }
-
-
+@pytest.mark.slow
 def test_each_worker_gets_its_own_gpu_and_a_replacement_gets_the_freed_one(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,7 +219,7 @@ def test_each_worker_gets_its_own_gpu_and_a_replacement_gets_the_freed_one(
             "*memeval: gw2 replaced gw0 (which went down) on cuda:0 (physical 0)",
         ]
     )
-    envs = _envs(Path(pytester.path))
+    envs = worker_envs(Path(pytester.path))
     assert set(envs) == {"gw0", "gw1", "gw2"}
     seen = {w: e["CUDA_VISIBLE_DEVICES"] for w, e in envs.items()}
     assert seen == {"gw0": "0", "gw1": "1", "gw2": "0"}
@@ -254,6 +230,7 @@ def test_each_worker_gets_its_own_gpu_and_a_replacement_gets_the_freed_one(
         assert env["OMP_NUM_THREADS"] == str(env["memeval_torch_threads"])
 
 
+@pytest.mark.slow
 def test_outer_cuda_visible_devices_is_split_among_workers(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,10 +258,11 @@ def test_outer_cuda_visible_devices_is_split_among_workers(
             "memeval: workers: gw0 -> cuda:0 (physical 4), gw1 -> cuda:0 (physical 5)",
         ]
     )
-    envs = _envs(memeval_project.path)
+    envs = worker_envs(memeval_project.path)
     assert {w: e["CUDA_VISIBLE_DEVICES"] for w, e in envs.items()} == {"gw0": "4", "gw1": "5"}
 
 
+@pytest.mark.slow
 def test_more_workers_than_gpus_is_refused(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-n", "3", "--memeval-gpus", "0,1", "-p", "no:randomly")
@@ -298,19 +276,21 @@ def test_more_workers_than_gpus_is_refused(pytester: pytest.Pytester) -> None:
     )
 
 
+@pytest.mark.slow
 def test_without_ckpt_or_gpus_the_plugin_binds_nothing(pytester: pytest.Pytester) -> None:
     """Another project's `pytest -n 2` with the plugin installed is left alone."""
     pytester.makeconftest(RECORD_ENV)
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:randomly")
     assert result.ret == pytest.ExitCode.OK
-    envs = _envs(Path(pytester.path))
+    envs = worker_envs(Path(pytester.path))
     assert len(envs) == 2
     assert all(e["memeval_device"] is None for e in envs.values())
     outer = os.environ.get("CUDA_VISIBLE_DEVICES")
     assert all(e["CUDA_VISIBLE_DEVICES"] == outer for e in envs.values())
 
 
+@pytest.mark.slow
 def test_auto_workers_is_one_per_gpu_slot(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -329,6 +309,7 @@ def test_auto_workers_is_one_per_gpu_slot(
     assert pytest_xdist_auto_num_workers(config("--memeval-gpus", "cpu")) is None
 
 
+@pytest.mark.slow
 def test_single_process_is_bound_to_the_first_listed_gpu(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

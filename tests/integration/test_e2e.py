@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 from xml.etree import ElementTree
 
 import pytest
@@ -11,15 +10,10 @@ import pytest
 from pytest_memeval.core.recount import recount_run
 
 from ..conftest import MemevalProject, demo_records
-
-# Fields that say where and how fast a record was made, not what was predicted.
-PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
+from ..runfactory import content
 
 
-def content(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in records]
-
-
+@pytest.mark.slow
 def test_without_ckpt_eval_items_say_why_they_skip(memeval_project: MemevalProject) -> None:
     memeval_project.write(n=2)
     result = memeval_project.run("-rs")
@@ -28,6 +22,7 @@ def test_without_ckpt_eval_items_say_why_they_skip(memeval_project: MemevalProje
     assert not memeval_project.run_dir().exists()
 
 
+@pytest.mark.slow
 def test_unknown_ckpt_is_a_usage_error_listing_profiles(memeval_project: MemevalProject) -> None:
     memeval_project.write(n=2)
     result = memeval_project.run("--ckpt", "nope")
@@ -35,6 +30,7 @@ def test_unknown_ckpt_is_a_usage_error_listing_profiles(memeval_project: Memeval
     result.stderr.fnmatch_lines(["*unknown --ckpt 'nope'*known: base, demo, replay*"])
 
 
+@pytest.mark.slow
 def test_no_xdist_and_two_workers_give_identical_runs(memeval_project: MemevalProject) -> None:
     records = demo_records("oracle", 3) + demo_records("baseline", 5)[3:]
     memeval_project.write(records)
@@ -96,6 +92,7 @@ def test_no_xdist_and_two_workers_give_identical_runs(memeval_project: MemevalPr
         assert m_serial[key] == m_xdist[key], key
 
 
+@pytest.mark.slow
 def test_subset_runs_say_so_and_replay_rescores(memeval_project: MemevalProject) -> None:
     records = demo_records("oracle", 4)
     memeval_project.write(records)

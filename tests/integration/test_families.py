@@ -27,7 +27,7 @@ from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.preflight import context_limit, preflight
 from pytest_memeval.model.prompts import scenario_prompts
 
-from ..conftest import BASE_MODEL, EVAL_MODULE, MemevalProject, write_jsonl
+from ..conftest import BASE_MODEL, MemevalProject, write_jsonl
 from ..families import (
     CHECKPOINTS,
     FAMILIES,
@@ -38,6 +38,9 @@ from ..families import (
     edit_json,
     family_records,
 )
+
+# Slow: every test loads or trains tiny checkpoints of other model families.
+pytestmark = pytest.mark.slow
 
 MAX_NEW = 16
 Outputs = list[tuple[str, bool]]
@@ -267,25 +270,19 @@ def write_project(
     dtype: str = "float32",
     ini: str = "",
 ) -> None:
-    write_jsonl(project.path / "bench.jsonl", records)
+    """``memeval_project``'s layout plus a profile ``fam`` over ``model`` (and ``adapter``)."""
     adapter_line = f'adapter = "{adapter.as_posix()}"' if adapter else ""
-    project.pytester.makefile(
-        ".toml",
-        pyproject=textwrap.dedent(
-            f"""
-            [tool.pytest.ini_options]
-            addopts = "-p no:cacheprovider -p no:randomly"
-            {ini}
-
-            [tool.memeval.ckpt.fam]
-            model = "{model.as_posix()}"
-            {adapter_line}
-            benchmark = "bench.jsonl"
-            generation = {{ max_new_tokens = {MAX_NEW}, dtype = "{dtype}" }}
-            """
-        ),
+    project.write(
+        records,
+        ini=ini,
+        profiles=f"""
+        [tool.memeval.ckpt.fam]
+        model = "{model.as_posix()}"
+        {adapter_line}
+        benchmark = "bench.jsonl"
+        generation = {{ max_new_tokens = {MAX_NEW}, dtype = "{dtype}" }}
+        """,
     )
-    project.pytester.makepyfile(test_eval=EVAL_MODULE)
 
 
 def test_gemma_template_rejecting_the_system_role_is_one_error_before_the_run(

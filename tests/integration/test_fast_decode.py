@@ -24,6 +24,9 @@ from pytest_memeval.model.loading import LoadedModel, load_model
 
 from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
 
+# Slow: every test loads the demo model and decodes with both paths.
+pytestmark = pytest.mark.slow
+
 MAX_NEW = 16
 N_SCENARIOS = 8
 

@@ -24,8 +24,8 @@ from pytest_memeval.tools.gate import (
     wrong_answer,
 )
 
-from ..conftest import MemevalProject, demo_records, write_jsonl
-from ..runfactory import CRAFTED_PROFILE, make_record, replay_source, write_run
+from ..conftest import MemevalProject, demo_records
+from ..runfactory import make_record, write_crafted, write_run
 
 # -- units ---------------------------------------------------------------------------------
 
@@ -125,6 +125,7 @@ def test_known_failures_from_run_file_and_cli(
 # -- end to end ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -143,8 +144,7 @@ def test_known_failures_from_run_file_and_cli(
 )
 def test_usage_errors(memeval_project: MemevalProject, args: list[str], message: str) -> None:
     recs = demo_records("baseline", 2)
-    memeval_project.write(recs, profiles=CRAFTED_PROFILE)
-    write_jsonl(memeval_project.path / "crafted.jsonl", replay_source(recs))
+    write_crafted(memeval_project, recs)
     result = memeval_project.pytester.runpytest(*args)  # in process: refused before any item
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in "\n".join(result.errlines + result.outlines)
@@ -154,12 +154,11 @@ def test_usage_errors(memeval_project: MemevalProject, args: list[str], message:
 def crafted(memeval_project: MemevalProject) -> tuple[MemevalProject, list[dict[str, Any]]]:
     """4 aligned demo scenarios replayed: #2 has a wrong final answer, #3 a wrong turn."""
     recs = demo_records("baseline", 4)
-    memeval_project.write(recs, profiles=CRAFTED_PROFILE)
-    preds = replay_source(recs, wrong_final=[recs[1]["id"]], wrong_turn=[recs[2]["id"]])
-    write_jsonl(memeval_project.path / "crafted.jsonl", preds)
+    write_crafted(memeval_project, recs, wrong_final=[recs[1]["id"]], wrong_turn=[recs[2]["id"]])
     return memeval_project, recs
 
 
+@pytest.mark.slow
 def test_demo_model_gate_decides_and_html_shows_it(memeval_project: MemevalProject) -> None:
     """The real demo model with a gate it must pass: a certainly wrong final answer is
     reported as a failure but the exit status follows the gate."""
@@ -201,6 +200,7 @@ def test_demo_model_gate_decides_and_html_shows_it(memeval_project: MemevalProje
     assert f"{m['m1']['correct']}/3 = " in page
 
 
+@pytest.mark.slow
 def test_thresholds_and_baseline(
     crafted: tuple[MemevalProject, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -237,6 +237,7 @@ def test_thresholds_and_baseline(
     )
 
 
+@pytest.mark.slow
 def test_gate_fails_an_incomplete_run(crafted: tuple[MemevalProject, list[dict[str, Any]]]) -> None:
     project, recs = crafted
     result = project.run("--ckpt", "crafted", "--memeval-min-m1", "0", "-k", recs[0]["id"])
@@ -257,6 +258,7 @@ def _reference(tmp_path: Path, ids: list[str]) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_expect_known_failures(
     crafted: tuple[MemevalProject, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -277,6 +279,7 @@ def test_expect_known_failures(
     assert project.metrics("crafted")["m1"]["correct"] == 3
 
 
+@pytest.mark.slow
 def test_expect_and_gate_under_xdist(
     crafted: tuple[MemevalProject, list[dict[str, Any]]], tmp_path: Path
 ) -> None:

@@ -24,7 +24,7 @@ from pytest_memeval.runtime.devices import (
 )
 
 from ..conftest import ADAPTERS, BASE_MODEL, demo_records
-from .test_devices import RECORD_ENV, _envs
+from ..workerenv import RECORD_ENV, worker_envs
 
 
 def test_gpus_are_grouped_per_worker() -> None:
@@ -51,6 +51,7 @@ def test_pool_of_groups_assigns_whole_groups_and_refuses_a_third_worker() -> Non
     assert Assignment("cpu").gpus == ()
 
 
+@pytest.mark.slow
 def test_auto_workers_is_gpus_over_k(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -63,6 +64,7 @@ def test_auto_workers_is_gpus_over_k(
     assert pytest_xdist_auto_num_workers(config) == 2
 
 
+@pytest.mark.slow
 def test_each_worker_sees_its_k_gpus(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,12 +91,13 @@ def test_each_worker_sees_its_k_gpus(
             "memeval: workers: gw0 -> cuda:0-1 (physical 0,1), gw1 -> cuda:0-1 (physical 2,3)",
         ]
     )
-    envs = _envs(Path(pytester.path))
+    envs = worker_envs(Path(pytester.path))
     seen = {w: e["CUDA_VISIBLE_DEVICES"] for w, e in envs.items()}
     assert seen == {"gw0": "0,1", "gw1": "2,3"}
     assert all(e["memeval_device"] == e["CUDA_VISIBLE_DEVICES"] for e in envs.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -124,6 +127,7 @@ def test_oversubscription_is_refused(
     result.stderr.fnmatch_lines([message])
 
 
+@pytest.mark.slow
 def test_a_device_map_load_decodes_as_the_single_device_load() -> None:
     """A real ``device_map`` load through transformers/accelerate (a layer-by-layer map, and
     ``device="auto"`` as a worker with K GPUs loads): both decode paths agree with each other

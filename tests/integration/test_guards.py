@@ -278,6 +278,7 @@ def project(pytester: pytest.Pytester, template: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_untouched_tree_passes(pytester: pytest.Pytester, project: Path) -> None:
     before = digest(project / SNAPSHOTS)
     result = pytester.runpytest_inprocess()
@@ -287,6 +288,7 @@ def test_untouched_tree_passes(pytester: pytest.Pytester, project: Path) -> None
     assert text.startswith("# pytest-memeval prompt tokens v1\n")
 
 
+@pytest.mark.slow
 def test_changed_byte_in_the_harness_fails_reference_and_snapshot(
     pytester: pytest.Pytester, project: Path
 ) -> None:
@@ -329,6 +331,7 @@ def test_changed_byte_in_the_harness_fails_reference_and_snapshot(
     assert "1 scenario(s) differ byte-wise" in failed["test_reference_file[baseline]"]
 
 
+@pytest.mark.slow
 def test_changed_template_fails_token_guards(pytester: pytest.Pytester, project: Path) -> None:
     template = project / "tok" / "chat_template.jinja"
     text = template.read_text("utf-8")
@@ -356,6 +359,7 @@ def test_changed_template_fails_token_guards(pytester: pytest.Pytester, project:
     assert "'<|eot|>' vs" in prefix
 
 
+@pytest.mark.slow
 def test_partial_update_rewrites_only_the_selected_snapshot(
     pytester: pytest.Pytester, project: Path
 ) -> None:
@@ -371,6 +375,7 @@ def test_partial_update_rewrites_only_the_selected_snapshot(
     }
 
 
+@pytest.mark.slow
 def test_reordered_scenarios_fail_order_guards(pytester: pytest.Pytester, project: Path) -> None:
     tasks = project / "data" / "tasks.jsonl"
     lines = tasks.read_bytes().splitlines(keepends=True)
@@ -392,6 +397,7 @@ def test_reordered_scenarios_fail_order_guards(pytester: pytest.Pytester, projec
     )
 
 
+@pytest.mark.slow
 def test_changed_baseline_file_fails_reference_guard(
     pytester: pytest.Pytester, project: Path
 ) -> None:
@@ -413,6 +419,7 @@ def test_changed_baseline_file_fails_reference_guard(
     assert '"pack ' in message and '"pick ' in message
 
 
+@pytest.mark.slow
 def test_bad_guard_table_is_a_collection_error_that_keeps_snapshots(
     pytester: pytest.Pytester, project: Path
 ) -> None:
@@ -426,6 +433,7 @@ def test_bad_guard_table_is_a_collection_error_that_keeps_snapshots(
     assert digest(project / SNAPSHOTS) == before
 
 
+@pytest.mark.slow
 def test_collect_only_neither_fails_nor_deletes_snapshots(
     pytester: pytest.Pytester, project: Path
 ) -> None:
@@ -436,6 +444,7 @@ def test_collect_only_neither_fails_nor_deletes_snapshots(
     assert digest(project / SNAPSHOTS) == before
 
 
+@pytest.mark.slow
 def test_without_guard_tables_the_items_skip_and_say_why(pytester: pytest.Pytester) -> None:
     pytester.makepyprojecttoml("[tool.pytest.ini_options]\naddopts = '-p no:cacheprovider'\n")
     pytester.makepyfile(**{GUARD_MODULE: GUARDS})
@@ -446,6 +455,7 @@ def test_without_guard_tables_the_items_skip_and_say_why(pytester: pytest.Pytest
     )
 
 
+@pytest.mark.slow
 def test_xdist_update_keeps_snapshots_and_rewrites_only_what_changed(
     pytester: pytest.Pytester, project: Path
 ) -> None:

@@ -25,9 +25,9 @@ from pytest_memeval.core.runlayout import promote, resume_target, stranded
 from pytest_memeval.core.runlock import LOCK_NAME, LockHeld, RunLock, read_holder
 from pytest_memeval.runtime.progress import Progress, format_duration
 
-from ..conftest import MemevalProject, demo_records, write_jsonl
-from ..runfactory import CRAFTED_PROFILE, replay_source
-from .test_crash_resume import FAULTS_CONFTEST
+from ..conftest import MemevalProject, demo_records
+from ..faults import FAULTS_CONFTEST
+from ..runfactory import write_crafted
 
 RUN_FILES = ("metrics.json", "predictions.jsonl", "journal.jsonl")
 
@@ -40,10 +40,7 @@ def _crafted(project: MemevalProject, n: int = 4) -> list[str]:
     """A replay project whose first scenario has a wrong final answer (its only failure):
     ``--lf`` then selects that one scenario. The cache plugin stays on (``--lf`` needs it)."""
     recs = demo_records("baseline", n)
-    project.write(recs, profiles=CRAFTED_PROFILE)
-    toml = project.path / "pyproject.toml"
-    toml.write_text(toml.read_text("utf-8").replace("-p no:cacheprovider ", ""), "utf-8")
-    write_jsonl(project.path / "crafted.jsonl", replay_source(recs, wrong_final=[recs[0]["id"]]))
+    write_crafted(project, recs, cache=True, wrong_final=[recs[0]["id"]])
     return [r["id"] for r in recs]
 
 
@@ -65,6 +62,7 @@ def _assert_beside(project: MemevalProject, result: pytest.RunResult, before: se
     return subset
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_habits_leave_the_finished_run_alone(
     memeval_project: MemevalProject, xdist: list[str]
@@ -121,6 +119,7 @@ def test_habits_leave_the_finished_run_alone(
     assert not (top / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_interrupt_then_resume_promotes_and_keeps_previous(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +163,7 @@ def test_interrupt_then_resume_promotes_and_keeps_previous(
         assert now[key] == first[key], key
 
 
+@pytest.mark.slow
 def test_lf_after_a_full_demo_model_run_under_xdist(memeval_project: MemevalProject) -> None:
     """The issue's report with the real model: a full -n 2 run, then a subset of it."""
     recs = demo_records("oracle", 3)
@@ -201,6 +201,7 @@ def _dead_pid() -> int:
     return int(proc.stdout)
 
 
+@pytest.mark.slow
 def test_a_second_run_is_refused_naming_the_holder_and_a_stale_lock_is_taken_over(
     memeval_project: MemevalProject,
 ) -> None:
@@ -258,6 +259,7 @@ def pytest_runtest_setup(item):
 """
 
 
+@pytest.mark.slow
 def test_two_runs_at_once_the_second_is_refused_the_first_finishes(
     memeval_project: MemevalProject, tmp_path: Path
 ) -> None:
@@ -329,6 +331,7 @@ def test_lock_unit(tmp_path: Path) -> None:
         RunLock.acquire(run_dir)
 
 
+@pytest.mark.slow
 def test_resume_never_rewrites_the_finished_run(memeval_project: MemevalProject) -> None:
     """--memeval-resume where the newest run is the finished one: nothing to do leaves it as
     it is; a finished run whose journal lacks a scenario is continued in a copy and promoted;
@@ -374,6 +377,7 @@ def test_resume_never_rewrites_the_finished_run(memeval_project: MemevalProject)
     assert recount.returncode == 0, recount.stderr
 
 
+@pytest.mark.slow
 def test_sessions_that_evaluate_nothing_take_no_lock_and_an_unusable_out_is_one_error(
     memeval_project: MemevalProject,
 ) -> None:
@@ -406,6 +410,7 @@ def test_sessions_that_evaluate_nothing_take_no_lock_and_an_unusable_out_is_one_
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
 
+@pytest.mark.slow
 def test_a_promotion_cut_short_is_kept_and_reported(
     memeval_project: MemevalProject, tmp_path: Path
 ) -> None:
@@ -479,6 +484,7 @@ def pytest_memeval_make_decoder(config, profile, path, device):
 """
 
 
+@pytest.mark.slow
 def test_a_replacement_worker_that_fails_says_where_the_finished_scenarios_are(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -541,6 +547,7 @@ def pytest_runtest_setup(item):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_progress_lines_while_the_run_goes(
     memeval_project: MemevalProject, xdist: list[str]

@@ -16,14 +16,18 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
-from ..unit.test_report import INJECTED, Page, injected_runs
+from ..pages import INJECTED, Page, injected_runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="headless Chromium is not installed (apt-get install chromium; .ci/run installs it)",
-)
+pytestmark = [
+    # A real browser per test: outside the inner loop (-m "not slow").
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="headless Chromium is not installed (apt-get install chromium; .ci/run installs it)",
+    ),
+]
 
 
 def _chromium(*args: str, tmp: Path) -> str:

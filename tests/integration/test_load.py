@@ -12,10 +12,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from pytest_memeval.core.recount import recount_run
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY
 
 from ..conftest import MemevalProject, demo_records, write_jsonl
+
+# Slow: one long run of many scenarios under -n 2.
+pytestmark = pytest.mark.slow
 
 COPIES = 1  # x the demo validation set (189 scenarios): cheap enough for CI
 

@@ -13,104 +13,22 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core import results as results_module
-from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
+from pytest_memeval.core.metrics import Tally
 from pytest_memeval.core.recount import RecountError, recount_run
-from pytest_memeval.core.rundir import sha256_file
 from pytest_memeval.core.runlayout import new_subset_dir
 from pytest_memeval.core.runlock import RunLock
-from pytest_memeval.core.sharding import shard_scope, shard_slice
 from pytest_memeval.runtime.controller import format_summary
 from pytest_memeval.tools import merge as merge_module
 from pytest_memeval.tools.cli import main
 
 from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
-from ..runfactory import make_record
-
-PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
-COUNT_FIELDS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "generated_turns")
-FINGERPRINTS = {
-    "benchmark": "sha256:bench",
-    "model": "sha256:model",
-    "adapter": "sha256:adapter",
-    "decoding": "sha256:decoding",
-}
+from ..runfactory import COUNT_FIELDS, FINGERPRINTS, content, read_jsonl, write_shard
+from ..runfactory import SHARD_IDS as IDS
 
 
 def merge(*args: object) -> int:
     """``memeval merge ARGS...``, in process."""
     return main(["merge", *map(str, args)])
-
-
-def content(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in records]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
-
-
-# -- shard runs built by hand (records in scoring's format, counted with the plugin's Tally) --
-
-
-def write_shard(
-    run_dir: Path,
-    all_ids: list[str],
-    k: int,
-    n: int,
-    *,
-    fingerprints: dict[str, str] = FINGERPRINTS,
-    overlong: tuple[str, ...] = (),
-    overrides: dict[str, Any] | None = None,
-) -> Path:
-    """A finished shard run of ``k``/``n`` as the controller writes it (scenarios in
-    ``overlong`` evaluated past the model's context, as --memeval-allow-overlong flags them)."""
-    start = all_ids.index(shard_slice(all_ids, k, n)[0])
-    records = [
-        make_record(
-            sid, start + i, final_match=(start + i) % 3 != 0, turn_matches=[True, i % 2 == 0]
-        )
-        for i, sid in enumerate(shard_slice(all_ids, k, n))
-    ]
-    for record in records:
-        if record["id"] in overlong:
-            record["overlong"] = {"tokens": 900, "limit": 512}
-    run_dir.mkdir(parents=True)
-    predictions = run_dir / "predictions.jsonl"
-    predictions.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
-    tally = Tally().extend(records)
-    metrics = {
-        "schema_version": METRICS_SCHEMA_VERSION,
-        "ckpt": "demo",
-        "kind": "model",
-        "complete": False,
-        **tally.counts(),
-        "scope": {
-            "benchmark_total": len(all_ids),
-            "in_scope": len(records),
-            "selected": len(records),
-            "evaluated": len(records),
-            "subset": False,
-            "shard": shard_scope(all_ids, (k, n)),
-            "resumed": 0,
-        },
-        "missing": [],
-        "not_selected": [],
-        "m2_by_position": {
-            str(p): {"correct": v[0], "total": v[1]} for p, v in sorted(tally.by_position.items())
-        },
-        "generated_turns": tally.generated_turns,
-        "fingerprints": dict(fingerprints),
-        "decoding": {"max_new_tokens": 16, "path": "fast"},
-        "benchmark": {"source": "bench.jsonl"},
-        "predictions_sha256": sha256_file(predictions),
-        "timing": {"wall_s": 2.0 + k, "scenarios_per_s": 1.0},
-        "overrides": overrides or {},
-    }
-    (run_dir / "metrics.json").write_text(json.dumps(metrics), "utf-8")
-    return run_dir
-
-
-IDS = [f"s{i:02d}" for i in range(7)]
 
 
 @pytest.fixture
@@ -356,6 +274,7 @@ generation = { max_new_tokens = 16 }
 """
 
 
+@pytest.mark.slow
 def test_merged_shards_equal_the_unsharded_run(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

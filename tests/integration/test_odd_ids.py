@@ -24,7 +24,6 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 from xml.etree import ElementTree
 
 import pytest
@@ -36,8 +35,12 @@ from pytest_memeval.core.ids import IdMap, item_name, param_id
 from pytest_memeval.tools.cli import main
 
 from ..conftest import EVAL_MODULE, write_jsonl
-from ..replayfactory import benchmark_with_ids as _benchmark
-from ..replayfactory import replay_prediction as _prediction
+from ..runfactory import benchmark_with_ids as _benchmark
+from ..runfactory import read_jsonl
+from ..runfactory import replay_prediction as _prediction
+
+# Slow: whole-chain runs (pytest subprocesses, xdist, compare, report) per id set.
+pytestmark = pytest.mark.slow
 
 #: Ids every example carries (the issue's and a user smoke test's), besides generated ones.
 HARD_IDS = (
@@ -78,10 +81,6 @@ def _cli(*argv: str) -> tuple[int, str]:
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
         code = main(list(argv))
     return code, buf.getvalue()
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 
 
 def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> None:
@@ -148,7 +147,7 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
     assert metrics["complete"] is True, metrics
     assert metrics["scope"]["selected"] == metrics["n"] == len(ids)
     assert metrics["not_selected"] == [] and metrics["missing"] == []
-    assert [r["id"] for r in _read_jsonl(run_a / "predictions.jsonl")] == list(ids)
+    assert [r["id"] for r in read_jsonl(run_a / "predictions.jsonl")] == list(ids)
     assert set(items) == every_item
     for name in items:  # every JUnit name maps back to its scenario
         assert id_map.scenario_of(name) in ids
@@ -184,7 +183,7 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
     run_b = root / "merged"
     code, text = _cli("merge", *map(str, shards), "-o", str(run_b))
     assert code == 0, text
-    assert [r["id"] for r in _read_jsonl(run_b / "predictions.jsonl")] == list(ids)
+    assert [r["id"] for r in read_jsonl(run_b / "predictions.jsonl")] == list(ids)
     assert json.loads((run_b / "metrics.json").read_text("utf-8"))["complete"] is True
     assert _cli("recount", str(run_b))[0] == 0
 
@@ -196,7 +195,7 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
     run("resume", "--ckpt", "a", f"--memeval-out={resumed}", "--memeval-resume")
     metrics = json.loads((resumed / "metrics.json").read_text("utf-8"))
     assert metrics["complete"] is True and metrics["scope"]["resumed"] == 2
-    assert [r["id"] for r in _read_jsonl(resumed / "predictions.jsonl")] == list(ids)
+    assert [r["id"] for r in read_jsonl(resumed / "predictions.jsonl")] == list(ids)
 
     # 6. --memeval-expect: the full run's failures are known, so nothing fails. The source is
     # the run directory under xdist, the file `memeval known-failures` writes without.

@@ -49,6 +49,7 @@ def _metrics(run_dir: Path) -> dict[str, Any]:
 # -- path options with a space or '=', -n 0 and -n 2, run directory outside and existing ------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["0", "2"])
 @pytest.mark.parametrize("spelling", ["space", "equals"])
 def test_path_options_either_spelling_with_existing_dirs(
@@ -89,6 +90,7 @@ def test_path_options_either_spelling_with_existing_dirs(
     assert not (memeval_project.path / "runs").exists()  # nothing went to the default place
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "option",
     [
@@ -129,6 +131,7 @@ def test_every_path_option_keeps_the_projects_setup(
     assert config.stash.get(SETUP_NOTE_KEY, None) is None
 
 
+@pytest.mark.slow
 def test_uncorrectable_setup_is_one_clear_usage_error(
     memeval_project: MemevalProject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -144,6 +147,7 @@ def test_uncorrectable_setup_is_one_clear_usage_error(
     assert "-p no:xdist" in message and "--memeval-out=DIR" in message
 
 
+@pytest.mark.slow
 def test_space_spelling_from_a_subdirectory_second_run(
     memeval_project: MemevalProject,
     tmp_path_factory: pytest.TempPathFactory,
@@ -174,6 +178,7 @@ def _cuda_builtin() -> bool:
     return torch.version.cuda is not None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_cuda_builtin(), reason="needs a torch build without CUDA")
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_gpus_on_cpu_torch_stops_once(
@@ -199,6 +204,7 @@ def test_gpus_on_cpu_torch_stops_once(
     assert not (out / "predictions.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_cuda_builtin(), reason="needs a torch build without CUDA")
 def test_no_model_load_when_no_eval_item_is_selected(memeval_project: MemevalProject) -> None:
     """The model is loaded once eval items are selected; -k picking none loads nothing."""
@@ -211,6 +217,7 @@ def test_no_model_load_when_no_eval_item_is_selected(memeval_project: MemevalPro
     result.stdout.fnmatch_lines(["*1 passed*"])
 
 
+@pytest.mark.slow
 def test_broken_weight_file_stops_once(
     memeval_project: MemevalProject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -235,6 +242,7 @@ def test_broken_weight_file_stops_once(
     assert not (memeval_project.run_dir("broken") / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_worker_start_up_error_stops_with_its_own_message(
     memeval_project: MemevalProject,
 ) -> None:
@@ -259,6 +267,7 @@ def test_worker_start_up_error_stops_with_its_own_message(
     assert not (memeval_project.run_dir() / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_missing_adapter_override_is_a_usage_error(memeval_project: MemevalProject) -> None:
     memeval_project.write(n=N)
     missing = memeval_project.path / "train" / "checkpoint-500"
@@ -272,6 +281,7 @@ def test_missing_adapter_override_is_a_usage_error(memeval_project: MemevalProje
 # -- sweeps: --memeval-adapter / --memeval-model / --memeval-set -----------------------------
 
 
+@pytest.mark.slow
 def test_adapter_override_changes_run_dir_and_fingerprint(
     memeval_project: MemevalProject,
 ) -> None:
@@ -309,6 +319,7 @@ def test_adapter_override_changes_run_dir_and_fingerprint(
     assert not memeval_project.run_dir("demo").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("setting", "named"),
     [

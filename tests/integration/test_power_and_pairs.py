@@ -35,17 +35,16 @@ from pytest_memeval.tools.cli import main
 from pytest_memeval.tools.compare import compare_many, load_pair, load_run
 from pytest_memeval.tools.gate import Baseline, GateSettings, resolution_warnings
 
-from ..conftest import MemevalProject, demo_records, write_jsonl
+from ..conftest import MemevalProject, demo_records
+from ..pages import INJECTED, Page
 from ..runfactory import (
-    CRAFTED_PROFILE,
     SEED_TABLE_BROKEN,
     SEED_TABLE_FIXED,
     make_record,
-    replay_source,
     seed_runs,
+    write_crafted,
     write_run,
 )
-from ..unit.test_report import INJECTED, Page
 
 
 def _optional(name: str) -> Any:
@@ -395,14 +394,13 @@ def test_gate_resolution_warnings() -> None:
     assert after and "8 of 189 scenarios changed" in after[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]])
 def test_end_to_end_interval_summary_and_gate_warning(
     memeval_project: MemevalProject, tmp_path: Path, xdist: list[str]
 ) -> None:
     recs = demo_records("baseline", 4)
-    memeval_project.write(recs, profiles=CRAFTED_PROFILE)
-    preds = replay_source(recs, wrong_turn=[recs[0]["id"], recs[2]["id"]])
-    write_jsonl(memeval_project.path / "crafted.jsonl", preds)
+    write_crafted(memeval_project, recs, wrong_turn=[recs[0]["id"], recs[2]["id"]])
     ref = write_run(
         tmp_path / "ref",
         [make_record(r["id"], i, final_match=True) for i, r in enumerate(recs)],
@@ -434,6 +432,7 @@ def test_end_to_end_interval_summary_and_gate_warning(
     )
 
 
+@pytest.mark.slow
 def test_real_model_runs_compared_paired(
     memeval_project: MemevalProject, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -88,6 +88,7 @@ def _memeval_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_old_harness_predictions_replay_to_a_complete_recounted_run(
     memeval_project: MemevalProject, xdist: list[str]
@@ -128,6 +129,7 @@ def test_old_harness_predictions_replay_to_a_complete_recounted_run(
     assert records[2]["final_gt"] == "counter" and records[1]["final_gt"] == "cabinet_right"
 
 
+@pytest.mark.slow
 def test_a_replayed_flagless_run_replays_compares_and_merges(
     memeval_project: MemevalProject, tmp_path: Path
 ) -> None:
@@ -272,6 +274,7 @@ def _expected_message(predictions: Path, case: str) -> str:
     return f"{where}: scenario {sid!r}: {what}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(REFUSALS), ids=list(REFUSALS))
 def test_a_file_that_does_not_fit_is_refused_once_at_configure(
     memeval_project: MemevalProject, case: str
@@ -281,6 +284,7 @@ def test_a_file_that_does_not_fit_is_refused_once_at_configure(
     _assert_refused(memeval_project, result, _expected_message(predictions, case))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["too-few-turns", "missing-final-pred"])
 def test_refused_once_under_xdist_too(memeval_project: MemevalProject, case: str) -> None:
     predictions = _project(memeval_project, REFUSALS[case][0])

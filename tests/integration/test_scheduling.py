@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import pytest
 
@@ -18,8 +17,7 @@ from pytest_memeval.core.ids import IdMap
 from pytest_memeval.runtime.scheduler import ScenarioScheduling
 
 from ..conftest import MemevalProject, demo_records
-
-PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
+from ..runfactory import content
 
 
 class FakeNode:
@@ -109,10 +107,7 @@ def test_chunk_of_one_is_xdist_loadscope(pytester: pytest.Pytester) -> None:
     assert [len(batch) for batch in node.sent] == [2, 2]
 
 
-def content(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in records]
-
-
+@pytest.mark.slow
 def test_two_workers_decode_full_batches(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:

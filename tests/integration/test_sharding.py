@@ -95,6 +95,7 @@ def test_shard_scope_says_what_it_covers() -> None:
     }
 
 
+@pytest.mark.slow
 def test_bad_shard_option_is_a_usage_error(memeval_project: MemevalProject) -> None:
     # A replay profile: refusing the shard needs the benchmark, not a model.
     memeval_project.write(n=3, profiles=REPLAY)

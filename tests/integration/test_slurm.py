@@ -36,7 +36,8 @@ from pytest_memeval.tools.slurm import (
     task_info,
 )
 
-from .test_merge import IDS, write_shard
+from ..runfactory import SHARD_IDS as IDS
+from ..runfactory import write_shard
 
 # Lines as `scontrol -o show job` prints them (Slurm 22.05), cut to the fields that matter.
 PENDING_ARRAY = (
@@ -170,6 +171,7 @@ def unfinished(run_dir: Path, stamp: str = "20261201T160000Z", done: int = 0) ->
     return stage
 
 
+@pytest.mark.slow
 def test_shard_script_resumes_when_resubmitted(tmp_path: Path) -> None:
     stub = tmp_path / "python"
     stub.write_text(STUB.format(python=sys.executable))

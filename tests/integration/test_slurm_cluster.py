@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,12 +28,11 @@ from pytest_memeval.core.recount import recount_run
 from pytest_memeval.tools.cli import main
 
 from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
+from ..runfactory import COUNT_FIELDS, content, read_jsonl
 
 pytestmark = pytest.mark.slow
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
-PLACEMENT = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
-COUNT_FIELDS = ("n", "m1", "m2", "unaligned", "parse_fail", "m2_by_position", "generated_turns")
 
 
 @dataclass
@@ -212,14 +210,6 @@ def pytest_runtest_logreport(report):
 """
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
-
-
-def content(path: Path) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in read_jsonl(path)]
-
-
 def slurm(*args: object) -> int:
     return main(["slurm", *map(str, args)])
 
@@ -248,7 +238,7 @@ def test_slurm_submit_fail_resubmit_merge(
     reference = project / "reference"
     full = memeval_project.run("--ckpt", "frozen", f"--memeval-out={reference}")
     assert full.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), full.stdout.str()
-    expected = content(reference / "predictions.jsonl")
+    expected = content(read_jsonl(reference / "predictions.jsonl"))
     assert len(expected) == 4
     counts = json.loads((reference / "metrics.json").read_text("utf-8"))
     counts = {k: counts[k] for k in COUNT_FIELDS}
@@ -263,7 +253,7 @@ def test_slurm_submit_fail_resubmit_merge(
     assert merged["complete"] is True and merged["n"] == 4
     assert [m["shard"] for m in merged["merged_from"]] == ["1/3", "2/3", "3/3"]
     recount_run(first)
-    assert content(first / "predictions.jsonl") == expected
+    assert content(read_jsonl(first / "predictions.jsonl")) == expected
     assert {k: merged[k] for k in COUNT_FIELDS} == counts
     for k in (1, 2, 3):
         assert f"shard {k}/3: done" in out
@@ -336,6 +326,6 @@ def test_slurm_submit_fail_resubmit_merge(
     merged = json.loads((second / "metrics.json").read_text("utf-8"))
     assert merged["complete"] is True
     assert {k: merged[k] for k in COUNT_FIELDS} == counts
-    assert content(second / "predictions.jsonl") == expected
+    assert content(read_jsonl(second / "predictions.jsonl")) == expected
     assert slurm("resubmit", second) == 0
     assert "nothing to resubmit" in capsys.readouterr().out

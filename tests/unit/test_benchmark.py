@@ -15,12 +15,7 @@ from pytest_memeval.core.benchmark import (
     parse_record,
 )
 
-
-def conv(*turns: str, final: str = "fridge", query: str = "where is mug ?") -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": "objects : mug counter"}]
-    for t in turns:
-        messages += [{"role": "user", "content": "next"}, {"role": "assistant", "content": t}]
-    return messages + [{"role": "user", "content": query}, {"role": "assistant", "content": final}]
+from ..runfactory import conv
 
 
 def test_aligned_scenario_scores_turns_against_memory_chain() -> None:

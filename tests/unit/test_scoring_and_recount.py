@@ -15,7 +15,7 @@ from pytest_memeval.core.rundir import write_json
 from pytest_memeval.core.scoring import score
 from pytest_memeval.decode import Rollout, TurnOutput
 
-from .test_benchmark import conv
+from ..runfactory import conv
 
 
 def rollout(*texts: str, stopped: bool = True) -> Rollout:
