@@ -19,6 +19,10 @@ import pytest
 
 from ..conftest import MemevalProject, demo_records
 
+# Each test runs the demo model end to end, some twice (a clean run to compare with): tens of
+# seconds, outside the inner loop.
+pytestmark = pytest.mark.slow
+
 PREFETCH_FAILS_CONFTEST = """
 import os
 from pathlib import Path
@@ -88,7 +92,7 @@ def _content(project: MemevalProject, ckpt: str) -> list[dict[str, object]]:
 
 
 @pytest.mark.parametrize(
-    "workers", [[], pytest.param(["-n", "2"], marks=pytest.mark.slow)], ids=["no-xdist", "n2"]
+    "workers", [[], ["-n", "2"]], ids=["no-xdist", "n2"]
 )
 def test_out_of_memory_in_prefetch_is_said_once_and_results_stay_the_same(
     project: MemevalProject,

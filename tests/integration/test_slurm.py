@@ -246,7 +246,7 @@ def test_check_shard(tmp_path: Path) -> None:
     metrics["missing"] = [IDS[3]]
     (shard / "metrics.json").write_text(json.dumps(metrics))
     code, line = check_shard(shard, 2, 3, 1)
-    assert code == INCOMPLETE_EXIT and f"1 scenario(s) have no result: {IDS[3]}" in line
+    assert code == INCOMPLETE_EXIT and f"1 scenario(s) have no result: {IDS[3]!r}" in line
 
 
 def test_check_shard_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
