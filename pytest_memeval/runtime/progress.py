@@ -133,14 +133,26 @@ class Progress:
     def summary(self, total: int, left: int, wall_s: float) -> str:
         """The end-of-run line: how many of this session's scenarios were evaluated, at what
         rate over the whole session (model loading included), and for an unfinished run how
-        long the ``left`` ones would take at that rate."""
+        long the ``left`` ones would take.
+
+        The estimate uses the rate between the first and the last record, when there is one:
+        the session's rate includes loading the model and the preflight, which a run of two
+        scenarios under ``-k`` spends nearly all its time on, and would make the rest look
+        hours long.
+        """
         text = f"progress: {self.done}/{total} scenarios evaluated in {format_duration(wall_s)}"
         rate = self.done / wall_s if wall_s > 0 and self.done else None
         if rate is not None:
             text += f" ({per_second(rate)})"
         if left:
             text += f"; {left} not evaluated"
-            if rate is not None:
+            pace = self.rate()
+            if pace is not None:
+                text += (
+                    f": about {format_duration(left / pace)} more at {per_second(pace)} "
+                    "(the rate once scenarios came in)"
+                )
+            elif rate is not None:
                 text += f": about {format_duration(left / rate)} more at that rate"
         return text
 

@@ -136,7 +136,7 @@ def test_interrupt_then_resume_promotes_and_keeps_previous(
     assert _snapshot(top) == finished
     interrupted.stdout.fnmatch_lines(
         [
-            "progress: 1/3 scenarios evaluated in *; 2 not evaluated: about * more at that rate",
+            "progress: 1/3 scenarios evaluated in *; 2 not evaluated: about * more at *",
             f"the 1 finished scenario(s) are kept in {subset / 'journal.jsonl'}; rerun with "
             "--memeval-resume*",
         ]
@@ -533,7 +533,14 @@ def test_progress_is_time_based_not_per_item() -> None:
     assert Progress(0.0).due() is False
     assert progress.summary(12, 2, 20.0) == (
         "progress: 10/12 scenarios evaluated in 20s (0.50 scenarios/s); 2 not evaluated: "
-        "about 4s more at that rate"
+        "about 2s more at 1.00 scenarios/s (the rate once scenarios came in)"
+    )
+    # One record: no rate between records yet, so the session's rate is all there is.
+    single = Progress(interval=3.0, clock=lambda: 5.0)
+    single.add()
+    assert single.summary(3, 2, 10.0) == (
+        "progress: 1/3 scenarios evaluated in 10s (0.10 scenarios/s); 2 not evaluated: "
+        "about 20s more at that rate"
     )
     assert [format_duration(s) for s in (5, 61, 7325)] == ["5s", "1m 01s", "2h 02m"]
 
