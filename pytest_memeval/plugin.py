@@ -18,7 +18,7 @@ import pytest
 from pytest_memeval import hookspecs
 from pytest_memeval.core.benchmark import BenchmarkError
 from pytest_memeval.core.builders import build_bundled
-from pytest_memeval.core.ids import param_id, scenario_param
+from pytest_memeval.core.ids import param_id
 from pytest_memeval.core.profiles import Profile, ProfileError, describe_overrides
 from pytest_memeval.core.sharding import describe_shard
 from pytest_memeval.decode import make_model_decoder
@@ -28,6 +28,7 @@ from pytest_memeval.model.loading import load_model
 from pytest_memeval.model.preflight import PreflightError
 from pytest_memeval.runtime.cmdline import check_worker_setup, setup_note
 from pytest_memeval.runtime.controller import MemevalController
+from pytest_memeval.runtime.eval_items import scenario_param
 
 # The fixtures live in one module so a reader finds them by name; importing them here
 # registers them with this plugin.

@@ -28,10 +28,6 @@ import hashlib
 import re
 import unicodedata
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import pytest
 
 __all__ = [
     "MAX_PLAIN",
@@ -39,7 +35,6 @@ __all__ = [
     "IdMap",
     "item_name",
     "param_id",
-    "scenario_param",
     "split_item_name",
 ]
 
@@ -104,12 +99,3 @@ class IdMap:
         """The scenario of an eval item's node id or name, ``None`` for any other item."""
         parts = split_item_name(name_or_nodeid)
         return self.by_pytest_id.get(parts[1]) if parts else None
-
-
-def scenario_param(item: pytest.Item) -> str | None:
-    """The scenario id an eval item is parametrized with, or ``None`` for other items."""
-    callspec = getattr(item, "callspec", None)
-    if callspec is None:
-        return None
-    value = callspec.params.get("memeval_scenario")
-    return value if isinstance(value, str) else None

@@ -8,9 +8,7 @@ aggregate cannot hide behind the same bug in its check.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -209,24 +207,3 @@ def recount_run(run_dir: Path) -> Counts:
             f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems)
         )
     return recounted
-
-
-def cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "run_dir", type=Path, help="run directory (metrics.json + predictions.jsonl)"
-    )
-
-
-def cli_main(args: argparse.Namespace) -> int:
-    try:
-        recounted = recount_run(args.run_dir)
-    except (RecountError, OSError) as exc:
-        print(f"memeval recount: FAIL: {exc}", file=sys.stderr)
-        return 1
-    m1, m2 = recounted["m1"], recounted["m2"]
-    print(
-        f"memeval recount: OK {args.run_dir}: n={recounted['n']} "
-        f"m1={m1['correct']}/{m1['total']} m2={m2['correct']}/{m2['total']} "
-        f"unaligned={recounted['unaligned']} parse_fail={recounted['parse_fail']}"
-    )
-    return 0

@@ -25,7 +25,6 @@ import pytest
 
 from pytest_memeval.compat.xdist import is_xdist_controller
 from pytest_memeval.core.formatting import per_second, score_text, shown_list
-from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
 from pytest_memeval.core.records import Metrics, RateBlock, Record
 from pytest_memeval.core.results import FinalizeError, RunFacts, finalize_run
@@ -40,6 +39,7 @@ from pytest_memeval.core.runlayout import (
 from pytest_memeval.core.runlock import LockHeld, RunLock, describe_holder
 from pytest_memeval.core.sharding import shard_scope
 from pytest_memeval.core.stats import interval_words
+from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.progress import Progress, ProgressReporter, interval_from
 from pytest_memeval.runtime.resume import (
     ResumeError,

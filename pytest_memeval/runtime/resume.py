@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, Journal
+from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import MemevalState, workerinput
 
 __all__ = [

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 from pytest_memeval.core.benchmark import BenchmarkError
-from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.model.checks import CheckpointError
+from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import MemevalState, is_worker, worker_id
 
 if TYPE_CHECKING:

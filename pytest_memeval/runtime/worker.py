@@ -17,10 +17,10 @@ import pytest
 from pytest_memeval.compat.xdist import pending_item_indices
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.formatting import shown_list
-from pytest_memeval.core.ids import scenario_param
 from pytest_memeval.core.records import Record
 from pytest_memeval.core.scoring import score
 from pytest_memeval.runtime.devices import device_label, is_out_of_memory, worker_device
+from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import MemevalState, is_worker, worker_id
 
 if TYPE_CHECKING:

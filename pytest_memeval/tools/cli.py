@@ -17,7 +17,10 @@ __all__ = ["COMMANDS", "main"]
 
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "recount": ("pytest_memeval.core.recount", "check metrics.json against predictions.jsonl"),
+    "recount": (
+        "pytest_memeval.tools.recount_command",
+        "check metrics.json against predictions.jsonl",
+    ),
     "merge": ("pytest_memeval.tools.merge", "merge complete shard runs into one run"),
     "compare": (
         "pytest_memeval.tools.compare",
@@ -28,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write a self-contained HTML report of one or two runs",
     ),
     "known-failures": (
-        "pytest_memeval.tools.expect",
+        "pytest_memeval.tools.known_failures",
         "list a run's failing eval items (for pytest --memeval-expect FILE)",
     ),
     "bench": ("pytest_memeval.tools.bench", "benchmark the fast decode path against the reference"),

@@ -35,13 +35,14 @@ from typing import Any, cast
 import pytest
 
 from pytest_memeval.core.formatting import percent, shown_list
-from pytest_memeval.core.ids import item_name, scenario_param
+from pytest_memeval.core.ids import item_name
 from pytest_memeval.core.records import Metrics, RateBlock, Record, RecordError, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
 from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
+from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import STATE_KEY, MemevalState, workerinput
 from pytest_memeval.tools.compare import CompareError, load_run
-from pytest_memeval.tools.expect import ExpectError, load_known_failures
+from pytest_memeval.tools.known_failures import ExpectError, load_known_failures
 
 __all__ = [
     "GATE_KEY",

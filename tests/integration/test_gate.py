@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from pytest_memeval.tools.cli import main
-from pytest_memeval.tools.expect import ExpectError, failed_items, load_known_failures
 from pytest_memeval.tools.gate import (
     Baseline,
     GateSettings,
@@ -23,6 +22,7 @@ from pytest_memeval.tools.gate import (
     parse_rate,
     wrong_answer,
 )
+from pytest_memeval.tools.known_failures import ExpectError, failed_items, load_known_failures
 
 from ..conftest import MemevalProject, demo_records
 from ..runfactory import make_record, write_crafted, write_run
