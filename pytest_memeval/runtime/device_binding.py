@@ -27,6 +27,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+# execnet comes with pytest-xdist (a dependency) and imports in milliseconds: no reason to defer.
+import execnet
 import pytest
 
 from pytest_memeval.compat.xdist import worker_specs
@@ -142,8 +144,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("dist", "no") == "no" or config.getoption("collectonly"):
         return
     specs = worker_specs(config)  # compat.xdist
-    import execnet
-
     if any(not execnet.XSpec(s).popen for s in specs):
         return  # remote (--tx ssh=...) workers: their GPUs are not ours to list
     per_device = config.getoption("memeval_workers_per_gpu")

@@ -1,9 +1,28 @@
 """The package layout as docs/architecture.md states it, checked on the source.
 
 Folders follow the data flow and form layers: a module imports only from its own folder or
-from a folder below it, never upward, and the module graph has no cycle. Imports inside a
-function are allowed only for heavy third-party dependencies (deferred so that a plain
-``pytest`` or ``memeval compare`` never loads torch), never to dodge a cycle.
+from a folder below it, never upward, and the module graph has no cycle. The rules, each a
+test below:
+
+* **Every first-party import counts**, however it is written: ``import pytest_memeval.x.y``,
+  ``from pytest_memeval.x import y`` (``y`` a module: an edge to it; ``y`` a name: an edge to
+  the package ``x``'s ``__init__``, whose layer is ``x``'s), ``from pytest_memeval import
+  name`` (an edge to the top-level package, which re-exports core names and so sits above
+  every layer), and relative imports. String imports count too: the modules named in
+  ``pytest_plugins`` (plugin.py; each must exist and sit below the top level) and the targets
+  of ``COMMANDS`` (tools/cli.py; each must exist, be in tools/ and define ``cli_arguments``
+  and ``cli_main``).
+* **Imports inside a function** are allowed only for the heavy or optional third-party
+  packages in :data:`DEFERRABLE` (deferred so that a plain ``pytest`` or ``memeval compare``
+  never loads torch), never to dodge a cycle; inside compat/ also for pytest's private
+  ``_pytest`` (imported where it is used, so that a missing internal is a fallback, not an
+  import error of the whole seam).
+* **Third-party internals only in compat/.** ``_pytest`` is private by name: only compat/
+  imports it. xdist and syrupy are imported outside compat/ only from the modules in
+  :data:`PUBLIC_API` (their documented extension points); anything else of theirs
+  (``xdist.scheduler.LoadScopeScheduling`` included: subclassing it means overriding its
+  private hooks) goes through compat/. And no module outside compat/ imports an
+  underscore name from another package.
 """
 
 from __future__ import annotations
@@ -15,25 +34,28 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pytest_memeval"
+ROOT = PACKAGE.name
 
 #: lowest first; the package's top-level modules (plugin, hookspecs, public modules) sit above all
 LAYERS = ("compat", "core", "model", "decode", "runtime", "guards", "tools")
 TOP = len(LAYERS)
 
-#: third-party modules a function may import lazily, and why (each loads slowly or is optional)
+#: third-party packages a function may import lazily, and why (each loads slowly or is optional)
 DEFERRABLE = {
     "torch": "heavy (seconds): only when a model is loaded",
     "transformers": "heavy: only when a model or tokenizer is loaded",
     "peft": "heavy: only when an adapter is loaded",
-    "safetensors": "only when a checkpoint is read",
     "pytest_html": "optional dependency",
-    "execnet": "only under xdist",
-    "xdist": "only under xdist",
-    "syrupy": "only for the byte guards",
-    "jinja2": "only when a page is rendered",
-    "numpy": "only for statistics",
-    "tomllib": "3.11+ / tomli backport choice",
-    "tomli": "3.11+ / tomli backport choice",
+    "jinja2": "only when a page is rendered (the pytest-html hooks load on every start)",
+}
+
+#: packages whose internals are reached only through compat/, with their public modules
+#: that any layer may import (module -> why it is public)
+GUARDED = ("_pytest", "xdist", "syrupy")
+PUBLIC_API = {
+    "syrupy.assertion": "SnapshotAssertion, the type of syrupy's documented `snapshot` fixture",
+    "syrupy.extensions.single_file": "SingleFileSnapshotExtension, the documented base",
+    "syrupy.data": "SnapshotCollection, the type syrupy's extension hooks are documented to pass",
 }
 
 
@@ -47,7 +69,8 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+def _from_targets(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    """What ``from P import a, b`` depends on: ``P.a`` where that is a module, else ``P``."""
     if node.level:
         base = module.split(".")
         if not is_package:
@@ -56,33 +79,64 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
         prefix = ".".join(base + ([node.module] if node.module else []))
     else:
         prefix = node.module or ""
-    return [prefix] + [f"{prefix}.{alias.name}" for alias in node.names]
-
-
-def _imports(name: str, path: Path) -> tuple[set[str], list[tuple[int, str]]]:
-    """(internal modules imported anywhere, [(line, module)] of imports inside functions)."""
     modules = _modules()
+    return [
+        f"{prefix}.{alias.name}" if f"{prefix}.{alias.name}" in modules else prefix
+        for alias in node.names
+    ]
+
+
+def _string_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """Module names a module imports by string: ``pytest_plugins`` and ``COMMANDS``."""
+    found: list[tuple[int, str]] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if not isinstance(target, ast.Name):
+            continue
+        if target.id == "pytest_plugins":
+            found += [(node.lineno, name) for name in ast.literal_eval(value)]
+        elif target.id == "COMMANDS":
+            found += [(node.lineno, spec[0]) for spec in ast.literal_eval(value).values()]
+    return found
+
+
+@functools.cache
+def _imports(name: str) -> tuple[frozenset[str], tuple[tuple[int, str, bool], ...]]:
+    """(first-party modules imported anywhere, [(line, imported name, inside a function)]).
+
+    The second list has every import, first- and third-party: for ``from P import n`` the
+    name is ``P.n``, so that ``from xdist.scheduler import X`` reads ``xdist.scheduler.X``.
+    """
+    path = _modules()[name]
     tree = ast.parse(path.read_text(encoding="utf-8"))
     internal: set[str] = set()
-    lazy: list[tuple[int, str]] = []
+    every: list[tuple[int, str, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            targets: list[str] = []
             if isinstance(child, ast.Import):
-                targets = [alias.name for alias in child.names]
+                for alias in child.names:
+                    every.append((child.lineno, alias.name, in_function))
+                    if alias.name == ROOT or alias.name.startswith(ROOT + "."):
+                        internal.add(alias.name)
             elif isinstance(child, ast.ImportFrom):
-                targets = _resolve(name, path.name == "__init__.py", child)
-            for target in targets:
-                if target in modules and target != name:
-                    internal.add(target)
-            if targets and in_function:
-                lazy.append((child.lineno, targets[0]))
+                prefix = _from_targets(name, path.name == "__init__.py", child)
+                for alias, target in zip(child.names, prefix, strict=True):
+                    every.append((child.lineno, f"{child.module}.{alias.name}", in_function))
+                    if child.level or target == ROOT or target.startswith(ROOT + "."):
+                        internal.add(target)
             nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             visit(child, nested)
 
     visit(tree, False)
-    return internal, lazy
+    internal.update(target for _, target in _string_imports(tree))
+    internal.discard(name)
+    return frozenset(internal), tuple(every)
 
 
 def _layer(module: str) -> int:
@@ -92,13 +146,17 @@ def _layer(module: str) -> int:
     return TOP
 
 
+def _in_compat(module: str) -> bool:
+    return module.startswith(f"{ROOT}.compat.") or module == f"{ROOT}.compat"
+
+
 @functools.cache
-def _graph() -> dict[str, set[str]]:
-    return {name: _imports(name, path)[0] for name, path in _modules().items()}
+def _graph() -> dict[str, frozenset[str]]:
+    return {name: _imports(name)[0] for name in _modules()}
 
 
 def test_every_module_lives_in_a_layer_folder_or_is_a_thin_top_module() -> None:
-    top = sorted(n for n in _modules() if _layer(n) == TOP and n != "pytest_memeval")
+    top = sorted(n for n in _modules() if _layer(n) == TOP and n != ROOT)
     assert top == [
         "pytest_memeval.__main__",
         "pytest_memeval.evaluation",
@@ -109,10 +167,41 @@ def test_every_module_lives_in_a_layer_folder_or_is_a_thin_top_module() -> None:
 
 
 @pytest.mark.parametrize("module", sorted(_modules()))
+def test_every_first_party_import_names_a_module_that_exists(module: str) -> None:
+    missing = sorted(t for t in _graph()[module] if t not in _modules())
+    assert missing == [], f"{module} imports modules that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
 def test_no_module_imports_upward(module: str) -> None:
     here = _layer(module)
-    upward = sorted(t for t in _graph()[module] if _layer(t) > here and t != "pytest_memeval")
+    upward = sorted(t for t in _graph()[module] if _layer(t) > here)
     assert upward == [], f"{module} (layer {here}) imports {upward}"
+
+
+def test_plugin_modules_exist_below_the_top_level() -> None:
+    plugin = f"{ROOT}.plugin"
+    tree = ast.parse(_modules()[plugin].read_text(encoding="utf-8"))
+    names = [name for _, name in _string_imports(tree)]
+    assert names, "plugin.py lists no pytest_plugins"
+    bad = [n for n in names if n not in _modules() or _layer(n) == TOP]
+    assert bad == [], f"pytest_plugins names missing or top-level modules: {bad}"
+
+
+def test_cli_commands_are_tools_modules_with_both_entry_functions() -> None:
+    cli = f"{ROOT}.tools.cli"
+    tree = ast.parse(_modules()[cli].read_text(encoding="utf-8"))
+    names = [name for _, name in _string_imports(tree)]
+    assert names, "tools/cli.py's COMMANDS is empty"
+    bad = []
+    for name in names:
+        if name not in _modules() or _layer(name) != LAYERS.index("tools"):
+            bad.append(f"{name}: not a module in tools/")
+            continue
+        body = ast.parse(_modules()[name].read_text(encoding="utf-8")).body
+        defined = {n.name for n in body if isinstance(n, ast.FunctionDef)}
+        bad += [f"{name}: no {f}()" for f in ("cli_arguments", "cli_main") if f not in defined]
+    assert bad == []
 
 
 def test_the_module_graph_has_no_cycle() -> None:
@@ -130,7 +219,7 @@ def test_the_module_graph_has_no_cycle() -> None:
             if state.get(nxt) == 1:
                 cycle = stack[stack.index(nxt) :] + [nxt]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
-            if nxt not in state:
+            if nxt not in state and nxt in edges:
                 visit(nxt)
         stack.pop()
         state[node] = 2
@@ -142,10 +231,27 @@ def test_the_module_graph_has_no_cycle() -> None:
 
 @pytest.mark.parametrize("module", sorted(_modules()))
 def test_function_level_imports_only_defer_heavy_dependencies(module: str) -> None:
-    _, lazy = _imports(module, _modules()[module])
-    bad = [
-        f"line {line}: {target}"
-        for line, target in lazy
-        if target.split(".")[0] not in DEFERRABLE and target.split(".")[0] != "_pytest"
-    ]
+    def allowed(target: str) -> bool:
+        root = target.split(".")[0]
+        return root in DEFERRABLE or (root == "_pytest" and _in_compat(module))
+
+    _, every = _imports(module)
+    bad = [f"line {line}: {t}" for line, t, lazy in every if lazy and not allowed(t)]
     assert bad == [], f"{module} imports inside functions: {bad}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if not _in_compat(m)))
+def test_third_party_internals_only_in_compat(module: str) -> None:
+    _, every = _imports(module)
+    bad = []
+    for line, target, _lazy in every:
+        parts = target.split(".")
+        if parts[0] == ROOT or parts[0] == "None":
+            continue
+        if parts[0] in GUARDED and not any(
+            target == public or target.startswith(public + ".") for public in PUBLIC_API
+        ):
+            bad.append(f"line {line}: {target} (through compat/)")
+        elif any(p.startswith("_") and not p.startswith("__") for p in parts):
+            bad.append(f"line {line}: {target} (a private name)")
+    assert bad == [], f"{module} uses another package's internals: {bad}"
