@@ -2,14 +2,14 @@
 
 Each subcommand lives in the module that owns its concern and exposes two functions,
 ``cli_arguments(parser)`` and ``cli_main(args) -> int``; this file only dispatches, and
-imports a subcommand's module only when it runs.
+imports only the module of the subcommand that runs (``memeval --help`` lists them all
+from :data:`COMMANDS` without importing any).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -42,22 +42,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _available() -> dict[str, tuple[str, str]]:
-    found = {}
-    for name, (module, help_text) in COMMANDS.items():
-        if importlib.util.find_spec(module) is not None:
-            found[name] = (module, help_text)
-    return found
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``memeval COMMAND ...`` (``argv`` without the program name); the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # The command is the first argument (memeval itself has no options besides -h), so only
+    # its module is imported: `memeval compare` does not load the report's or Slurm's code.
+    chosen = args_list[0] if args_list and args_list[0] in COMMANDS else None
     parser = argparse.ArgumentParser(prog="memeval", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module_name, help_text) in _available().items():
-        module = importlib.import_module(module_name)
+    for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module.cli_arguments(p)
-    args = parser.parse_args(argv)
+        if name == chosen:
+            importlib.import_module(module_name).cli_arguments(p)
+    args = parser.parse_args(args_list)
     module = importlib.import_module(COMMANDS[args.command][0])
     result: int = module.cli_main(args)
     return result

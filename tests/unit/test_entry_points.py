@@ -8,6 +8,8 @@ pytest start (the plugin silently missing). This reads the declarations and impo
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,3 +46,18 @@ def test_entry_point_target_imports_and_has_its_attribute(name: str, target: str
             assert hasattr(obj, part), f"{name} = {target!r}: {obj!r} has no {part!r}"
             obj = getattr(obj, part)
         assert callable(obj), f"{name} = {target!r} is not callable"
+
+
+def test_memeval_imports_only_the_module_of_the_command_that_runs(tmp_path: Path) -> None:
+    # A fresh interpreter: this test process has imported every command module already.
+    code = (
+        "import sys; from pytest_memeval.tools.cli import COMMANDS, main\n"
+        f"main(['recount', {str(tmp_path)!r}])\n"
+        "print(sorted(m for m, _ in COMMANDS.values() if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PYPROJECT.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "['pytest_memeval.tools.recount_command']"
+    assert "memeval recount: FAIL" in done.stderr
