@@ -1,6 +1,7 @@
 """Byte guards: model-free proof that evaluation prompts equal training prompts.
 
-Three contracts, each a pure function here (the pytest surface is :mod:`.guard_tests`):
+Three contracts, each a pure function here (the pytest surface is
+:mod:`pytest_memeval.guard_tests`):
 
 * **reference** — the records the harness builds for a data variant, serialised with
   :func:`~pytest_memeval.core.benchmark.dump_record`, equal that variant's training-format file
@@ -493,7 +494,8 @@ class PromptTokens:
 
 
 def prompt_tokens(tokenizer: Any, scenario: Scenario) -> PromptTokens:
-    """Render ``scenario`` exactly as the harness does (:mod:`.prompts`), as token ids."""
+    """Render ``scenario`` exactly as the harness does (:mod:`pytest_memeval.model.prompts`),
+    as token ids."""
     turns, full = scenario_prompts(tokenizer, scenario)
     conversation = tuple(full)
     prompts = tuple((p.message_index, p.ids) for p in turns)

@@ -226,8 +226,9 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
 def run_preflight(
     config: pytest.Config, profile: Profile, benchmark: Benchmark, scope_ids: list[str]
 ) -> dict[str, dict[str, int]]:
-    """Template errors and over-long scenarios, before the run (:mod:`.preflight`); returns
-    the over-long scenarios the user allowed (id -> tokens, limit)."""
+    """Template errors and over-long scenarios, before the run
+    (:mod:`pytest_memeval.model.preflight`); returns the over-long scenarios the user allowed
+    (id -> tokens, limit)."""
     assert profile.model is not None
     allow = config.getoption("memeval_allow_overlong")
     if allow is None:

@@ -39,8 +39,9 @@ class ExpectError(ValueError):
 def failed_items(records: Iterable[Record]) -> list[str]:
     """Names of the standard eval items that failed, in record order.
 
-    Names hold pytest ids (:func:`.ids.item_name`), as pytest names the items: a scenario id
-    such as ``café #1`` would not survive a text file with ``#`` comments, nor match.
+    Names hold pytest ids (:func:`pytest_memeval.core.ids.item_name`), as pytest names the
+    items: a scenario id such as ``café #1`` would not survive a text file with ``#``
+    comments, nor match.
     """
     names: list[str] = []
     for rec in records:
