@@ -388,6 +388,7 @@ class FastDecoder:
         return rollout
 
     def _decode_batch(self, plans: list[_Plan]) -> list[Rollout]:
+        # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
         device = self.loaded.device
@@ -554,6 +555,7 @@ class FastDecoder:
 
     def _measure(self, kind: str, fast: Any, reference: Any) -> None:
         """Record how far two computations of one position's logits are apart."""
+        # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
         # On the CPU: the fast path's and the reference's logits may sit on different devices.
@@ -584,6 +586,7 @@ class FastDecoder:
     def _reference_steps(self, ids: Sequence[int]) -> tuple[list[int], list[Any]]:
         """The reference call on ``ids`` (as :func:`~.reference.generate_from`), with its
         per-step fp32 logits."""
+        # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.loaded.device)
@@ -665,6 +668,7 @@ class FastDecoder:
         the top-1/top-2 margin; ``None`` when the cache cannot be cut (see
         :func:`_left_padded_cache`).
         """
+        # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
         prefix = _left_padded_cache(cache, [(row, len(ids) - 1) for row, ids, _ in rows])

@@ -21,6 +21,7 @@ def generate_from(
     loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int, **kwargs: Any
 ) -> TurnOutput:
     """Greedy-generate one turn from prompt ``ids``; ``kwargs`` pass a reusable cache."""
+    # Deferred: torch takes seconds to import, and replay / compare never decode.
     import torch
 
     input_ids = torch.tensor([list(ids)], dtype=torch.long, device=loaded.device)

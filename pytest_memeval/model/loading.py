@@ -70,6 +70,7 @@ def load_model(
     if adapter_dir is not None:
         check_adapter_dir(adapter_dir)
         check_adapter_fits(model_dir, adapter_dir)  # headers only: before any weight loads
+    # Deferred: torch and transformers take seconds to import; only loading a model needs them.
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -95,7 +96,7 @@ def load_model(
         **({"device_map": device_map} if device_map is not None else {}),
     )
     if adapter_dir is not None:
-        from peft import PeftModel
+        from peft import PeftModel  # deferred: heavy, and only an adapter needs it
 
         try:
             model = PeftModel.from_pretrained(
@@ -120,7 +121,7 @@ def load_model(
 
 def _check_adapter_applied(model: Any, adapter_dir: Path, model_dir: Path) -> None:
     """peft only warns when target modules are missing; a no-op adapter must be an error."""
-    import torch
+    import torch  # deferred: seconds to import; called only after a model loaded
 
     n_lora = sum(1 for name, _ in model.named_parameters() if "lora_" in name)
     if n_lora == 0:

@@ -338,6 +338,8 @@ def worker_device(config: pytest.Config) -> str:
     a worker; the thread count is applied to torch here too.
     """
     assignment = assignment_for(config)
+    # Deferred: importing torch may initialise CUDA, which must wait until the worker applied
+    # its CUDA_VISIBLE_DEVICES (see the module docstring); it also takes seconds.
     import torch
 
     if assignment is not None:
@@ -374,6 +376,7 @@ def device_label(config: pytest.Config, torch_device: str) -> str:
         return describe_assignment(assignment)
     if torch_device == CPU:
         # What torch really uses (after worker_device applied the share), not what was asked.
+        # Deferred like worker_device's: torch only after the device is bound.
         import torch
 
         return f"{CPU} ({_threads_text(torch.get_num_threads())})"

@@ -348,6 +348,7 @@ def cli_main(args: argparse.Namespace) -> int:
         if args.limit < 1:
             return _fail("--limit must be >= 1")
         scenarios = scenarios[: args.limit]
+    # Deferred: torch takes seconds; `memeval --help` and the other commands never need it.
     import torch
 
     if args.threads is not None:
