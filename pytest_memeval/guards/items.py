@@ -134,6 +134,7 @@ class GuardVariant:
                     f"{self.spec.where}: tokenizer directory not found: {directory} "
                     "(key 'tokenizer', default: the profile's 'model')"
                 )
+            # Deferred: transformers takes seconds; only a guard that renders prompts needs it.
             from transformers import AutoTokenizer
 
             try:

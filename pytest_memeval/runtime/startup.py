@@ -135,6 +135,7 @@ def describe_load_failure(
 
 def _torch_version() -> str:
     try:
+        # Deferred: torch takes seconds; only an error report on a model run reads it.
         import torch
 
         return f"torch {torch.__version__}"
@@ -144,7 +145,7 @@ def _torch_version() -> str:
 
 def _torch_without_cuda() -> bool:
     try:
-        import torch
+        import torch  # deferred: as in _torch_version
     except ImportError:  # pragma: no cover
         return True
     return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
