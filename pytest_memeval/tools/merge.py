@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_memeval.core.formatting import shown_list
+from pytest_memeval.core.formatting import shown_ids
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION
 from pytest_memeval.core.records import Metrics, Record
 from pytest_memeval.core.results import (
@@ -78,10 +78,6 @@ class ShardRun:
         return int(self.shard["index"])
 
 
-def _ids(ids: Sequence[str]) -> str:
-    return shown_list(repr(i) for i in ids)
-
-
 def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
     """Read ``path`` as a finished shard run; append what is wrong with it to ``problems``."""
     try:
@@ -109,13 +105,14 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
     missing = list(metrics.get("missing") or [])
     if missing:
         problems.append(
-            f"{run.name}: incomplete, {len(missing)} scenario(s) have no result: {_ids(missing)}"
+            f"{run.name}: incomplete, {len(missing)} scenario(s) have no result: "
+            f"{shown_ids(missing)}"
         )
     not_selected = list(metrics.get("not_selected") or [])
     if not_selected:
         problems.append(
             f"{run.name}: only part of the shard was selected (-k or a deselection); "
-            f"not run: {_ids(not_selected)}"
+            f"not run: {shown_ids(not_selected)}"
         )
     size = int(shard.get("size", -1))
     if len(run.ids) != size:
@@ -203,7 +200,7 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
                 duplicated.append(f"{sid} ({first.path} and {r.path})")
     if duplicated:
         problems.append(
-            f"{len(duplicated)} scenario(s) appear in more than one shard: {_ids(duplicated)}"
+            f"{len(duplicated)} scenario(s) appear in more than one shard: {shown_ids(duplicated)}"
         )
     total = runs[0].shard.get("benchmark_total")
     if not absent and not duplicated and isinstance(total, int) and len(seen) != total:
