@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypedDict, cast
 
+from pytest_memeval.core.formatting import shorten
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY
 
 __all__ = [
@@ -413,7 +414,7 @@ def _shown(value: object) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):  # not JSON data: a record built in Python
         text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shorten(text, 60)
 
 
 class _Checker:
