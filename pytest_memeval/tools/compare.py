@@ -468,8 +468,8 @@ def m1_power(n: int, discordant: int, observed_pp: float | None) -> Power:
         mde = mde_paired_binary(n, share, ALPHA, POWER)
         basis = "observed discordant share"
         where = (
-            f"with {n} scenarios and {share * 100:.1f}% of them ({discordant}) changing their "
-            "m1 outcome"
+            f"with {n} scenarios and {percent(share, decimals=1)} of them ({discordant}) "
+            "changing their m1 outcome"
         )
     else:
         mde = min_detectable_drop(n, ALPHA, POWER)
@@ -678,8 +678,8 @@ def m2_delta_lines(result: Comparison) -> list[str]:
     else:
         line = (
             f"m2 paired (B - A) over the {m2['scenarios']} of {m2['of']} scenarios scored on "
-            f"the same turns in both runs ({m2['turns']} turns): A {rate_a * 100:.2f}%, "
-            f"B {rate_b * 100:.2f}%, delta {fmt_pp(m2['delta_pp'])}"
+            f"the same turns in both runs ({m2['turns']} turns): A {percent(rate_a)}, "
+            f"B {percent(rate_b)}, delta {fmt_pp(m2['delta_pp'])}"
         )
         if m2["ci95_pp"] is not None:
             line += f", 95% CI {fmt_pp_ci(m2['ci95_pp'])} (clustered by scenario)"
