@@ -41,12 +41,14 @@ __all__ = [
     "Record",
     "RecordError",
     "Rollout",
+    "ShardScope",
     "Turn",
     "TurnOutput",
     "read_records",
     "validate_metrics",
     "validate_prediction",
     "validate_record",
+    "validate_shard_scope",
 ]
 
 #: Version of the results schema (``predictions.jsonl`` records and ``metrics.json``'s
@@ -216,6 +218,23 @@ class _MetricsFields(_CountFields):
     scope: dict[str, object]
     missing: list[str]
     not_selected: list[str]
+
+
+class ShardScope(TypedDict):
+    """``scope.shard`` of a shard run's ``metrics.json``: which slice of the benchmark it
+    covers (written by :func:`pytest_memeval.core.sharding.shard_scope`; ``null`` in any
+    other run). ``start``/``stop`` are 0-based positions, ``stop`` exclusive; ``first`` and
+    ``last`` are ``null`` for an empty shard."""
+
+    spec: str
+    index: int
+    count: int
+    start: int
+    stop: int
+    size: int
+    first: str | None
+    last: str | None
+    benchmark_total: int
 
 
 class Metrics(_MetricsFields, total=False):
@@ -390,6 +409,19 @@ _METRICS_OPTIONAL = _specs(
     ("created", "str", False),
     ("overrides", "object", False),
     ("merged_from", "list", False),
+)
+
+
+_SHARD_SCOPE = _specs(
+    ("spec", "str", False),
+    ("index", "int", False),
+    ("count", "int", False),
+    ("start", "int", False),
+    ("stop", "int", False),
+    ("size", "int", False),
+    ("first", "str", True),
+    ("last", "str", True),
+    ("benchmark_total", "int", False),
 )
 
 
@@ -629,6 +661,17 @@ def validate_metrics(obj: object, where: str, *, counts_only: bool = False) -> M
     if m1["total"] != doc["n"]:
         raise check.fail("m1.total", f"field 'm1.total' is {m1['total']}, but 'n' is {doc['n']}")
     return cast(Metrics, doc)
+
+
+def validate_shard_scope(obj: object, where: str) -> ShardScope:
+    """Check ``scope.shard`` of a shard run's metrics (``where`` names the file): every field
+    of :class:`ShardScope` present with its type. Only ``memeval merge`` reads the block, so
+    :func:`validate_metrics` leaves it alone. Returns ``obj`` typed; raises
+    :class:`RecordError`."""
+    check = _Checker(where)
+    shard = check.obj(obj, "scope.shard")
+    check.fields(shard, _SHARD_SCOPE, prefix="scope.shard.")
+    return cast(ShardScope, shard)
 
 
 def validate_prediction(obj: object, where: str) -> Prediction:
