@@ -10,11 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["SHOWN", "per_second", "percent", "score_text", "shown_list"]
+__all__ = [
+    "ELLIPSIS",
+    "SHOWN",
+    "per_second",
+    "percent",
+    "score_text",
+    "shorten",
+    "shown_ids",
+    "shown_list",
+]
 
 #: The most items (scenario ids, problems) a message lists before "and N more": enough to
 #: recognise a pattern, few enough that the message stays readable in a terminal.
 SHOWN = 10
+#: What :func:`shorten` puts where it cut a value: one character, so a limit is the width.
+ELLIPSIS = "…"
 
 
 def shown_list(items: Iterable[str], limit: int = SHOWN, *, sep: str = ", ") -> str:
@@ -34,14 +45,32 @@ def shown_list(items: Iterable[str], limit: int = SHOWN, *, sep: str = ", ") -> 
     return text + (f"{sep}and {left} more" if left > 0 else "")
 
 
+def shown_ids(ids: Iterable[str], limit: int = SHOWN) -> str:
+    """Scenario ids as :func:`shown_list` shows them, each as its ``repr``: ``'s1', 'a b'``
+    (an id may hold spaces or commas, so the quotes say where each ends)."""
+    return shown_list((repr(i) for i in ids), limit)
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and
+    :data:`ELLIPSIS`: a value (a ``repr``, a JSON fragment) cut to fit one message line."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    return text if len(text) <= limit else text[: limit - 1] + ELLIPSIS
+
+
 def per_second(rate: float, unit: str = "scenarios") -> str:
     """A throughput: ``0.84 scenarios/s`` (two decimals, whatever the magnitude)."""
     return f"{rate:.2f} {unit}/s"
 
 
-def percent(fraction: float) -> str:
-    """A fraction as a percentage with two decimals: ``0.8836`` -> ``88.36%``."""
-    return f"{fraction * 100:.2f}%"
+def percent(fraction: float, decimals: int = 2) -> str:
+    """A fraction as a percentage: ``0.8836`` -> ``88.36%``.
+
+    Two decimals for a rate of right answers (metrics.json's precision); ``decimals=1`` for
+    a share that only says "about how much" (progress, hand-offs, discordant scenarios).
+    """
+    return f"{fraction * 100:.{decimals}f}%"
 
 
 def score_text(correct: int, total: int, rate: float | None) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypedDict, cast
 
+from pytest_memeval.core.formatting import shorten
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY
 
 __all__ = [
@@ -40,12 +41,14 @@ __all__ = [
     "Record",
     "RecordError",
     "Rollout",
+    "ShardScope",
     "Turn",
     "TurnOutput",
     "read_records",
     "validate_metrics",
     "validate_prediction",
     "validate_record",
+    "validate_shard_scope",
 ]
 
 #: Version of the results schema (``predictions.jsonl`` records and ``metrics.json``'s
@@ -215,6 +218,23 @@ class _MetricsFields(_CountFields):
     scope: dict[str, object]
     missing: list[str]
     not_selected: list[str]
+
+
+class ShardScope(TypedDict):
+    """``scope.shard`` of a shard run's ``metrics.json``: which slice of the benchmark it
+    covers (written by :func:`pytest_memeval.core.sharding.shard_scope`; ``null`` in any
+    other run). ``start``/``stop`` are 0-based positions, ``stop`` exclusive; ``first`` and
+    ``last`` are ``null`` for an empty shard."""
+
+    spec: str
+    index: int
+    count: int
+    start: int
+    stop: int
+    size: int
+    first: str | None
+    last: str | None
+    benchmark_total: int
 
 
 class Metrics(_MetricsFields, total=False):
@@ -392,6 +412,19 @@ _METRICS_OPTIONAL = _specs(
 )
 
 
+_SHARD_SCOPE = _specs(
+    ("spec", "str", False),
+    ("index", "int", False),
+    ("count", "int", False),
+    ("start", "int", False),
+    ("stop", "int", False),
+    ("size", "int", False),
+    ("first", "str", True),
+    ("last", "str", True),
+    ("benchmark_total", "int", False),
+)
+
+
 def _is(value: object, kind: _Kind) -> bool:
     # bool is an int subclass in Python, but true is not a count in JSON.
     if kind == "str":
@@ -413,7 +446,7 @@ def _shown(value: object) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):  # not JSON data: a record built in Python
         text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shorten(text, 60)
 
 
 class _Checker:
@@ -628,6 +661,17 @@ def validate_metrics(obj: object, where: str, *, counts_only: bool = False) -> M
     if m1["total"] != doc["n"]:
         raise check.fail("m1.total", f"field 'm1.total' is {m1['total']}, but 'n' is {doc['n']}")
     return cast(Metrics, doc)
+
+
+def validate_shard_scope(obj: object, where: str) -> ShardScope:
+    """Check ``scope.shard`` of a shard run's metrics (``where`` names the file): every field
+    of :class:`ShardScope` present with its type. Only ``memeval merge`` reads the block, so
+    :func:`validate_metrics` leaves it alone. Returns ``obj`` typed; raises
+    :class:`RecordError`."""
+    check = _Checker(where)
+    shard = check.obj(obj, "scope.shard")
+    check.fields(shard, _SHARD_SCOPE, prefix="scope.shard.")
+    return cast(ShardScope, shard)
 
 
 def validate_prediction(obj: object, where: str) -> Prediction:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from pytest_memeval.core.records import ShardScope
 
 __all__ = [
     "ShardError",
@@ -76,7 +78,7 @@ def shard_dir_name(k: int, n: int) -> str:
     return f"shard-{k}-of-{n}"
 
 
-def shard_scope(ids: Sequence[str], shard: tuple[int, int] | None) -> dict[str, Any] | None:
+def shard_scope(ids: Sequence[str], shard: tuple[int, int] | None) -> ShardScope | None:
     """``metrics["scope"]["shard"]`` of a shard run: which slice of the benchmark it covers.
 
     ``ids`` are the whole benchmark's ids in order. ``start``/``stop`` are 0-based positions

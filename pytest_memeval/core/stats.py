@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
 
+from pytest_memeval.core.formatting import percent
 from pytest_memeval.core.records import RateBlock
 
 __all__ = [
@@ -433,7 +434,7 @@ def interval_words(block: RateBlock) -> str:
     ci = block.get("ci95")
     if not ci:
         return ""
-    shown = f"95% CI [{ci[0] * 100:.2f}%, {ci[1] * 100:.2f}%]"
+    shown = f"95% CI [{percent(ci[0])}, {percent(ci[1])}]"
     method = str(block.get("ci95_method") or WILSON_METHOD)
     if "clusters" not in block:
         return f"{shown}, Wilson over {block['total']} scenarios"

@@ -13,15 +13,11 @@ from pytest_memeval.decode.fast import FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel
 
-__all__ = ["Decoder", "Rollout", "TurnOutput"]
+__all__ = ["Decoder", "Rollout", "TurnOutput", "make_model_decoder"]
 
 
-def make_model_decoder(path: str, loaded: object, max_new_tokens: int) -> Decoder:
+def make_model_decoder(path: str, loaded: LoadedModel, max_new_tokens: int) -> Decoder:
     """The decoder for ``path`` (``fast`` or ``reference``) over a loaded checkpoint."""
-    assert isinstance(loaded, LoadedModel)
     if path == "fast":
         return FastDecoder(loaded, max_new_tokens)
     return ReferenceDecoder(loaded, max_new_tokens)
-
-
-__all__ += ["make_model_decoder"]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, Scenario
-from pytest_memeval.core.formatting import shown_list
+from pytest_memeval.core.formatting import shown_ids, shown_list
 from pytest_memeval.core.profiles import Profile
 from pytest_memeval.core.records import (
     Prediction,
@@ -60,9 +60,6 @@ __all__ = [
 STOP_FLAGS_PRESENT = "present"
 #: ``stop_flags`` of metrics.json: the predictions had no stop flags (another harness's file).
 STOP_FLAGS_ABSENT = "absent"
-
-#: Problems a refusal lists before "... and N more".
-_SHOW = 5
 
 
 class ReplayError(BenchmarkError):
@@ -224,18 +221,12 @@ def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str
     if lacking and not unidentified:
         problems.append(
             f"{path}: no line for {len(lacking)} scenario(s) of the benchmark "
-            f"({benchmark.source}): {shown_list(repr(s) for s in lacking)}"
+            f"({benchmark.source}): {shown_ids(lacking)}"
         )
     if problems:
-        more = (
-            f"\n  ... and {len(problems) - _SHOW} more problem(s) in {path}"
-            if len(problems) > _SHOW
-            else ""
-        )
         raise ReplayError(
             f"cannot replay {path}: {len(problems)} problem(s):\n  "
-            + "\n  ".join(problems[:_SHOW])
-            + more
+            + shown_list(problems, sep="\n  ")
         )
     flags_kind = STOP_FLAGS_ABSENT if without_flags is not None else STOP_FLAGS_PRESENT
     return ReplaySource(path, predictions, flags_kind)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.benchmark import Scenario
-from pytest_memeval.core.formatting import SHOWN, shown_list
+from pytest_memeval.core.formatting import shown_ids
 from pytest_memeval.core.profiles import ProfileError, memeval_table
 from pytest_memeval.model.prompts import scenario_prompts
 
@@ -410,14 +410,14 @@ def check_reference_file(
     ref_ids = [ln.id for ln in reference.lines if ln.id is not None]
     dups = [i for i, n in Counter(ref_ids).items() if n > 1]
     if dups:
-        problems.append(f"{path}: duplicate scenario id(s) {_few(dups)}")
+        problems.append(f"{path}: duplicate scenario id(s) {shown_ids(dups)}")
     built_ids = [sid for sid, _ in built]
     only_ref = [i for i in dict.fromkeys(ref_ids) if i not in set(built_ids)]
     only_built = [i for i in built_ids if i not in set(ref_ids)]
     if only_ref:
-        problems.append(f"{len(only_ref)} scenario(s) only in the reference: {_few(only_ref)}")
+        problems.append(f"{len(only_ref)} scenario(s) only in the reference: {shown_ids(only_ref)}")
     if only_built:
-        problems.append(f"{len(only_built)} scenario(s) only in the build: {_few(only_built)}")
+        problems.append(f"{len(only_built)} scenario(s) only in the build: {shown_ids(only_built)}")
     common = set(ref_ids) & set(built_ids)
     ref_order = [i for i in dict.fromkeys(ref_ids) if i in common]
     built_order = [i for i in built_ids if i in common]
@@ -426,14 +426,14 @@ def check_reference_file(
         lineno = reference.by_id()[ref_order[k]].lineno
         problems.append(
             f"scenario order differs: {path}:{lineno} holds {ref_order[k]!r} where the build has "
-            f"{built_order[k]!r} (reference order ...{_few(ref_order[k : k + 4])}; build order "
-            f"...{_few(built_order[k : k + 4])})"
+            f"{built_order[k]!r} (reference order ...{shown_ids(ref_order[k : k + 4])}; "
+            f"build order ...{shown_ids(built_order[k : k + 4])})"
         )
     by_id = reference.by_id()
     differing = [(sid, data) for sid, data in built if sid in by_id and by_id[sid].data != data]
     if differing:
         ids = [sid for sid, _ in differing]
-        problems.append(f"{len(differing)} scenario(s) differ byte-wise: {_few(ids)}; first:")
+        problems.append(f"{len(differing)} scenario(s) differ byte-wise: {shown_ids(ids)}; first:")
         sid, data = differing[0]
         detail = check_reference_line(variant, sid, data, reference)
         if detail:
@@ -453,26 +453,23 @@ def check_reference_file(
     return "\n".join([head, *("  " + p for p in problems)])
 
 
-def _few(items: Sequence[str], n: int = SHOWN) -> str:
-    return shown_list((repr(i) for i in items), n)
-
-
 def describe_order_difference(expected: Sequence[str], actual: Sequence[str]) -> list[str]:
     """Lines describing how two scenario-id sequences differ (first position, one-sided ids)."""
     lines: list[str] = []
     gone = [i for i in expected if i not in set(actual)]
     new = [i for i in actual if i not in set(expected)]
     if gone:
-        lines.append(f"{len(gone)} scenario(s) no longer built: {_few(gone)}")
+        lines.append(f"{len(gone)} scenario(s) no longer built: {shown_ids(gone)}")
     if new:
-        lines.append(f"{len(new)} scenario(s) newly built: {_few(new)}")
+        lines.append(f"{len(new)} scenario(s) newly built: {shown_ids(new)}")
     exp = [i for i in expected if i in set(actual)]
     act = [i for i in actual if i in set(expected)]
     if exp != act:
         k = next(i for i, (a, b) in enumerate(zip(exp, act, strict=False)) if a != b)
         lines.append(
             f"order differs at position {k + 1}: the snapshot has {exp[k]!r}, the build "
-            f"{act[k]!r} (snapshot ...{_few(exp[k : k + 4])}; build ...{_few(act[k : k + 4])})"
+            f"{act[k]!r} (snapshot ...{shown_ids(exp[k : k + 4])}; "
+            f"build ...{shown_ids(act[k : k + 4])})"
         )
     return lines
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.formatting import shorten, shown_list
 from pytest_memeval.core.records import Record
 
 __all__ = ["WrongAnswer", "check_final_query", "check_turns"]
@@ -37,8 +38,7 @@ WrongAnswer.__module__ = "builtins"
 
 
 def _short(text: Any) -> str:
-    shown = repr(text)
-    return shown if len(shown) <= _SHOWN else shown[: _SHOWN - 1] + "…"
+    return shorten(repr(text), _SHOWN)
 
 
 def check_final_query(record: Record) -> None:
@@ -72,17 +72,17 @@ def check_turns(record: Record, scenario: Scenario | None = None) -> None:
     wrong = [t for t in record["turns"] if t["match"] is False]
     if not wrong:
         return
-    lines = [
-        f"  turn {t['index']}: expected {t['gt']!r}, predicted {t['pred']!r}"
-        + (" (parse failure)" if t["parse_fail"] else "")
-        for t in wrong[:10]
-    ]
-    more = f"\n  ... and {len(wrong) - 10} more" if len(wrong) > 10 else ""
+    lines = shown_list(
+        (
+            f"turn {t['index']}: expected {t['gt']!r}, predicted {t['pred']!r}"
+            + (" (parse failure)" if t["parse_fail"] else "")
+            for t in wrong
+        ),
+        sep="\n  ",
+    )
     first = wrong[0]
     raise WrongAnswer(
-        f"scenario {record['id']}: {len(wrong)}/{len(record['turns'])} turns wrong\n"
-        + "\n".join(lines)
-        + more,
+        f"scenario {record['id']}: {len(wrong)}/{len(record['turns'])} turns wrong\n  {lines}",
         compact=f"scenario {record['id']!r}: {len(wrong)}/{len(record['turns'])} turns wrong; "
         f"turn {first['index']}: expected {_short(first['gt'])}, predicted "
         f"{_short(first['pred'])}" + (" (parse failure)" if first["parse_fail"] else ""),

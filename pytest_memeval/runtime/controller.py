@@ -24,7 +24,7 @@ from typing import Any, cast
 import pytest
 
 from pytest_memeval.compat.xdist import is_xdist_controller
-from pytest_memeval.core.formatting import per_second, score_text, shown_list
+from pytest_memeval.core.formatting import per_second, score_text, shown_ids
 from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
 from pytest_memeval.core.records import Metrics, RateBlock, Record
 from pytest_memeval.core.results import FinalizeError, RunFacts, finalize_run
@@ -309,7 +309,7 @@ class MemevalController:
             overrides = cast("dict[str, dict[str, str | None]]", m["overrides"])
             tr.line(f"overridden on the command line: {describe_overrides(overrides)}")
         if m["missing"]:
-            shown = shown_list(repr(sid) for sid in m["missing"])
+            shown = shown_ids(m["missing"])
             tr.line(
                 f"INCOMPLETE: {len(m['missing'])} selected scenario(s) have no result: {shown}",
                 red=True,

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.compat.pytest import line_in_progress
-from pytest_memeval.core.formatting import per_second
+from pytest_memeval.core.formatting import per_second, percent
 
 __all__ = ["DEFAULT_INTERVAL_S", "Progress", "format_duration", "interval_from"]
 
@@ -111,7 +111,7 @@ class Progress:
         """``37/189 scenarios (19.6%), 0.84 scenarios/s, ETA 3m 01s`` (parts it knows)."""
         parts = [f"{self.done}/{total if total is not None else '?'} scenarios"]
         if total:
-            parts[0] += f" ({100 * self.done / total:.1f}%)"
+            parts[0] += f" ({percent(self.done / total, decimals=1)})"
         rate = self.rate()
         if rate is not None:
             parts.append(per_second(rate))

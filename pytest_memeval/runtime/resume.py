@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.core.formatting import shorten
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, Journal
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import MemevalState, workerinput
@@ -66,8 +67,7 @@ def journal_header(state: MemevalState) -> dict[str, Any]:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shorten(repr(value), 40)
 
 
 def header_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

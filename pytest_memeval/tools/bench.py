@@ -33,7 +33,7 @@ from typing import Any
 
 from pytest_memeval.core.benchmark import BenchmarkError, Scenario, load_jsonl
 from pytest_memeval.core.builders import build_bundled, load_profile_benchmark
-from pytest_memeval.core.formatting import per_second, shown_list
+from pytest_memeval.core.formatting import per_second, percent, shown_list
 from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
 from pytest_memeval.decode.fast import FastDecoder, summarize
 from pytest_memeval.decode.reference import ReferenceDecoder
@@ -390,7 +390,7 @@ def cli_main(args: argparse.Namespace) -> int:
     handed = handed_to_reference(fast.stats)
     print(
         f"  handed to the reference call: {handed} of {fast.stats['turns']} turns "
-        f"({100 * handed / max(1, fast.stats['turns']):.1f}%)"
+        f"({percent(handed / max(1, fast.stats['turns']), decimals=1)})"
     )
     for line in _describe_disagreement(fast):
         print(line)

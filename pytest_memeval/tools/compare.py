@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from pytest_memeval.core.formatting import percent, score_text, shown_list
+from pytest_memeval.core.formatting import percent, score_text, shown_ids
 from pytest_memeval.core.records import (
     Fingerprints,
     Metrics,
@@ -275,7 +275,7 @@ def load_run(path: Path) -> RunData:
 def _why_incomplete(metrics: Metrics) -> str:
     missing = metrics.get("missing") or []
     if missing:
-        return f"{len(missing)} scenario(s) have no result: {_ids(missing)}"
+        return f"{len(missing)} scenario(s) have no result: {shown_ids(missing)}"
     scope = metrics.get("scope") or {}
     if scope.get("shard"):
         shard = scope["shard"]
@@ -287,10 +287,6 @@ def _why_incomplete(metrics: Metrics) -> str:
             "(-k or a deselection)"
         )
     return "metrics.json says complete: false"
-
-
-def _ids(ids: Sequence[str]) -> str:
-    return shown_list(repr(i) for i in ids)
 
 
 def turn_structure(record: Record) -> tuple[str, ...]:
@@ -357,9 +353,9 @@ def _same_ids(run_a: RunData, run_b: RunData) -> None:
         only_b = [i for i in ids_b if i not in run_a.records]
         parts = []
         if only_a:
-            parts.append(f"{len(only_a)} only in {run_a.path}: {_ids(only_a)}")
+            parts.append(f"{len(only_a)} only in {run_a.path}: {shown_ids(only_a)}")
         if only_b:
-            parts.append(f"{len(only_b)} only in {run_b.path}: {_ids(only_b)}")
+            parts.append(f"{len(only_b)} only in {run_b.path}: {shown_ids(only_b)}")
         raise CompareError("the runs cover different scenarios: " + "; ".join(parts))
 
 
@@ -395,7 +391,7 @@ def _compare(run_a: RunData, run_b: RunData, labels: tuple[str, str]) -> Compari
     if answer_differs:
         notes.append(
             f"{len(answer_differs)} scenario(s) have a different final ground truth in the two "
-            f"runs, so m1 is not the same question there: {_ids(answer_differs)}"
+            f"runs, so m1 is not the same question there: {shown_ids(answer_differs)}"
         )
     if summary_a["m2"]["total"] != summary_b["m2"]["total"] or divergent:
         notes.append("m2 is scored over different turns in the two runs (see divergent, unaligned)")
@@ -472,8 +468,8 @@ def m1_power(n: int, discordant: int, observed_pp: float | None) -> Power:
         mde = mde_paired_binary(n, share, ALPHA, POWER)
         basis = "observed discordant share"
         where = (
-            f"with {n} scenarios and {share * 100:.1f}% of them ({discordant}) changing their "
-            "m1 outcome"
+            f"with {n} scenarios and {percent(share, decimals=1)} of them ({discordant}) "
+            "changing their m1 outcome"
         )
     else:
         mde = min_detectable_drop(n, ALPHA, POWER)
@@ -682,8 +678,8 @@ def m2_delta_lines(result: Comparison) -> list[str]:
     else:
         line = (
             f"m2 paired (B - A) over the {m2['scenarios']} of {m2['of']} scenarios scored on "
-            f"the same turns in both runs ({m2['turns']} turns): A {rate_a * 100:.2f}%, "
-            f"B {rate_b * 100:.2f}%, delta {fmt_pp(m2['delta_pp'])}"
+            f"the same turns in both runs ({m2['turns']} turns): A {percent(rate_a)}, "
+            f"B {percent(rate_b)}, delta {fmt_pp(m2['delta_pp'])}"
         )
         if m2["ci95_pp"] is not None:
             line += f", 95% CI {fmt_pp_ci(m2['ci95_pp'])} (clustered by scenario)"
@@ -781,11 +777,11 @@ def format_comparison(result: Comparison) -> str:
     flips = result["flips"]
     lines.append(
         f"fixed  (wrong in A, right in B): {len(flips['fixed'])}"
-        + (f": {_ids(flips['fixed'])}" if flips["fixed"] else "")
+        + (f": {shown_ids(flips['fixed'])}" if flips["fixed"] else "")
     )
     lines.append(
         f"broken (right in A, wrong in B): {len(flips['broken'])}"
-        + (f": {_ids(flips['broken'])}" if flips["broken"] else "")
+        + (f": {shown_ids(flips['broken'])}" if flips["broken"] else "")
     )
     return "\n".join(lines)
 

@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import pytest
 
-from pytest_memeval.core.formatting import percent, shown_list
+from pytest_memeval.core.formatting import percent, shown_ids
 from pytest_memeval.core.ids import item_name
 from pytest_memeval.core.records import Metrics, RateBlock, Record, RecordError, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
@@ -167,8 +167,8 @@ def _load_baseline(path: Path, state: MemevalState) -> Baseline:
         only_theirs = sorted(theirs - ours)
         raise pytest.UsageError(
             f"--memeval-baseline {path}: the baseline covers different scenarios than this "
-            f"run's benchmark ({len(only_ours)} only here: {_ids(only_ours)}; "
-            f"{len(only_theirs)} only in the baseline: {_ids(only_theirs)})"
+            f"run's benchmark ({len(only_ours)} only here: {shown_ids(only_ours)}; "
+            f"{len(only_theirs)} only in the baseline: {shown_ids(only_theirs)})"
         )
     m = run.metrics
     return Baseline(
@@ -236,10 +236,6 @@ GATE_KEY = pytest.StashKey[GateOutcome]()
 
 def _pct(value: Fraction) -> str:
     return percent(float(value))
-
-
-def _ids(ids: list[str]) -> str:
-    return shown_list(repr(i) for i in ids)
 
 
 def _pp(value: Fraction) -> str:

@@ -62,14 +62,14 @@ def _from_text(path: Path) -> list[str]:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        name = line.rsplit("::", 1)[-1]  # accept full node ids too
+        parts = split_item_name(line)  # an item name or a full node id
         # Eval item names hold pytest ids (ids.param_id): never whitespace.
-        if split_item_name(name) is None or any(ch.isspace() for ch in name):
+        if parts is None or any(ch.isspace() for ch in parts[1]):
             raise ExpectError(
                 f"{path}:{lineno}: not an eval item name (expected e.g. "
                 f"'test_final_query[s0001]'): {raw.strip()!r}"
             )
-        names.append(name)
+        names.append(f"{parts[0]}[{parts[1]}]")
     return names
 
 

@@ -24,11 +24,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pytest_memeval.core.formatting import shown_list
+from pytest_memeval.core.formatting import shown_ids
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION
-from pytest_memeval.core.records import Metrics, Record
+from pytest_memeval.core.records import (
+    Metrics,
+    Record,
+    RecordError,
+    ShardScope,
+    validate_shard_scope,
+)
 from pytest_memeval.core.results import (
     FinalizeError,
     RunFacts,
@@ -63,7 +68,7 @@ class ShardRun:
 
     path: Path
     metrics: Metrics
-    shard: dict[str, Any]
+    shard: ShardScope
     ids: list[str]
     indices: list[int]
     #: its checked records, in its predictions' order (what the merge writes)
@@ -71,15 +76,11 @@ class ShardRun:
 
     @property
     def name(self) -> str:
-        return f"shard {self.shard.get('spec')} ({self.path})"
+        return f"shard {self.shard['spec']} ({self.path})"
 
     @property
     def k(self) -> int:
-        return int(self.shard["index"])
-
-
-def _ids(ids: Sequence[str]) -> str:
-    return shown_list(repr(i) for i in ids)
+        return self.shard["index"]
 
 
 def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
@@ -91,12 +92,17 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
         return None
     metrics = checked.metrics
     # Files, records and the recount (predictions_sha256 included) were checked above.
-    shard = (metrics.get("scope") or {}).get("shard")
-    if not isinstance(shard, dict):
+    block = metrics["scope"].get("shard")
+    if not isinstance(block, dict):
         problems.append(
             f"{path}: not a shard run (its metrics have no scope.shard); merge takes the runs "
             "of pytest --memeval-shard K/N"
         )
+        return None
+    try:
+        shard = validate_shard_scope(block, str(path / METRICS))
+    except RecordError as exc:  # names the file and the field
+        problems.append(str(exc))
         return None
     run = ShardRun(
         path=path,
@@ -109,27 +115,28 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
     missing = list(metrics.get("missing") or [])
     if missing:
         problems.append(
-            f"{run.name}: incomplete, {len(missing)} scenario(s) have no result: {_ids(missing)}"
+            f"{run.name}: incomplete, {len(missing)} scenario(s) have no result: "
+            f"{shown_ids(missing)}"
         )
     not_selected = list(metrics.get("not_selected") or [])
     if not_selected:
         problems.append(
             f"{run.name}: only part of the shard was selected (-k or a deselection); "
-            f"not run: {_ids(not_selected)}"
+            f"not run: {shown_ids(not_selected)}"
         )
-    size = int(shard.get("size", -1))
+    size = shard["size"]
     if len(run.ids) != size:
         problems.append(f"{run.name}: has {len(run.ids)} record(s), the shard has {size}")
-    elif run.ids and (run.ids[0] != shard.get("first") or run.ids[-1] != shard.get("last")):
+    elif run.ids and (run.ids[0] != shard["first"] or run.ids[-1] != shard["last"]):
         problems.append(
             f"{run.name}: records run {run.ids[0]} .. {run.ids[-1]}, the shard is "
-            f"{shard.get('first')} .. {shard.get('last')}"
+            f"{shard['first']} .. {shard['last']}"
         )
-    expected = list(range(int(shard.get("start", 0)), int(shard.get("stop", 0))))
+    expected = list(range(shard["start"], shard["stop"]))
     if all(isinstance(i, int) for i in run.indices) and run.indices != expected[: len(run.indices)]:
         problems.append(
-            f"{run.name}: records are not benchmark positions {shard.get('start')}.."
-            f"{int(shard.get('stop', 0)) - 1} in order"
+            f"{run.name}: records are not benchmark positions {shard['start']}.."
+            f"{shard['stop'] - 1} in order"
         )
     return run
 
@@ -171,8 +178,8 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
             f"shards were written with another metrics schema than this version "
             f"({METRICS_SCHEMA_VERSION}) of pytest-memeval"
         )
-    _agree(runs, "number of shards N", lambda r: r.shard.get("count"), problems)
-    _agree(runs, "benchmark size", lambda r: r.shard.get("benchmark_total"), problems)
+    _agree(runs, "number of shards N", lambda r: r.shard["count"], problems)
+    _agree(runs, "benchmark size", lambda r: r.shard["benchmark_total"], problems)
     _agree(runs, "checkpoint profile", lambda r: r.metrics.get("ckpt"), problems)
     _agree(runs, "profile kind", lambda r: r.metrics.get("kind"), problems)
     keys = sorted({k for r in runs for k in (r.metrics.get("fingerprints") or {})})
@@ -182,8 +189,8 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
     # --memeval-model/--memeval-adapter/--memeval-set: the merged run says what it overrode.
     _agree(runs, "overrides", lambda r: r.metrics.get("overrides") or {}, problems)
 
-    n = runs[0].shard.get("count")
-    if not isinstance(n, int) or any(r.shard.get("count") != n for r in runs):
+    n = runs[0].shard["count"]
+    if any(r.shard["count"] != n for r in runs):
         return  # numbering is meaningless across different N; already reported
     given = Counter(r.k for r in runs)
     for k, times in sorted(given.items()):
@@ -203,10 +210,10 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
                 duplicated.append(f"{sid} ({first.path} and {r.path})")
     if duplicated:
         problems.append(
-            f"{len(duplicated)} scenario(s) appear in more than one shard: {_ids(duplicated)}"
+            f"{len(duplicated)} scenario(s) appear in more than one shard: {shown_ids(duplicated)}"
         )
-    total = runs[0].shard.get("benchmark_total")
-    if not absent and not duplicated and isinstance(total, int) and len(seen) != total:
+    total = runs[0].shard["benchmark_total"]
+    if not absent and not duplicated and len(seen) != total:
         problems.append(f"the shards hold {len(seen)} scenario(s), the benchmark has {total}")
 
 
@@ -328,11 +335,11 @@ def _merged_facts(runs: list[ShardRun]) -> RunFacts:
         extra={
             "merged_from": [
                 {
-                    "shard": r.shard.get("spec"),
+                    "shard": r.shard["spec"],
                     "dir": str(r.path),
                     "n": len(r.ids),
-                    "first": r.shard.get("first"),
-                    "last": r.shard.get("last"),
+                    "first": r.shard["first"],
+                    "last": r.shard["last"],
                     "predictions_sha256": r.metrics.get("predictions_sha256"),
                 }
                 for r in runs

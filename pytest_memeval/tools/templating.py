@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from pytest_memeval.core.formatting import percent
 from pytest_memeval.core.ids import param_id
 from pytest_memeval.tools.compare import fmt_ci, fmt_m2_ci, fmt_pp, fmt_pp_ci, fmt_rate
 
@@ -34,7 +35,7 @@ def static_text(name: str) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.2f}%"
+    return "n/a" if value is None else percent(value)
 
 
 def short_label(label: str, limit: int = 18) -> str:

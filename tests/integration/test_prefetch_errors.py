@@ -91,9 +91,7 @@ def _content(project: MemevalProject, ckpt: str) -> list[dict[str, object]]:
     return [{k: v for k, v in r.items() if k not in PLACEMENT} for r in project.predictions(ckpt)]
 
 
-@pytest.mark.parametrize(
-    "workers", [[], ["-n", "2"]], ids=["no-xdist", "n2"]
-)
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["no-xdist", "n2"])
 def test_out_of_memory_in_prefetch_is_said_once_and_results_stay_the_same(
     project: MemevalProject,
     monkeypatch: pytest.MonkeyPatch,

@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_memeval.core.formatting import SHOWN, per_second, percent, score_text, shown_list
+from pytest_memeval.core.formatting import (
+    ELLIPSIS,
+    SHOWN,
+    per_second,
+    percent,
+    score_text,
+    shorten,
+    shown_ids,
+    shown_list,
+)
 
 
 def test_a_short_list_is_shown_whole() -> None:
@@ -46,6 +55,33 @@ def test_every_item_is_shown_or_counted(items: list[str], limit: int) -> None:
         assert text == (", ".join(items) if items else "none")
 
 
+def test_shown_ids_quote_each_id_and_count_the_rest() -> None:
+    assert shown_ids(["s1", "a, b", "it's"]) == "'s1', 'a, b', \"it's\""
+    assert shown_ids([]) == "none"
+    ids = [f"s{i}" for i in range(SHOWN + 2)]
+    assert shown_ids(ids) == ", ".join(repr(i) for i in ids[:SHOWN]) + ", and 2 more"
+    assert shown_ids(iter(["x", "y", "z"]), 1) == "'x', and 2 more"
+
+
+def test_shorten_cuts_to_the_limit_with_one_ellipsis() -> None:
+    assert shorten("abcdef", 6) == "abcdef"  # exactly the limit: whole
+    assert shorten("abcdefg", 6) == "abcde" + ELLIPSIS
+    assert len(shorten("x" * 500, 40)) == 40
+    assert shorten("", 1) == ""
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        shorten("abc", 0)
+
+
+@given(st.text(max_size=200), st.integers(1, 100))
+def test_shorten_keeps_a_prefix_within_the_limit(text: str, limit: int) -> None:
+    short = shorten(text, limit)
+    assert len(short) <= limit
+    if len(text) <= limit:
+        assert short == text
+    else:
+        assert short.endswith(ELLIPSIS) and text.startswith(short[:-1])
+
+
 @pytest.mark.parametrize(
     ("rate", "text"),
     [(0.8449, "0.84 scenarios/s"), (12.0, "12.00 scenarios/s"), (0.0, "0.00 scenarios/s")],
@@ -61,5 +97,7 @@ def test_per_second_other_units() -> None:
 def test_percent_and_score_text() -> None:
     assert percent(0.88359) == "88.36%"
     assert percent(1.0) == "100.00%"
+    assert percent(0.196, decimals=1) == "19.6%"  # a share: progress, hand-offs
+    assert percent(0.4, 1) == "40.0%"
     assert score_text(167, 189, 167 / 189) == "167/189 = 88.36%"
     assert score_text(0, 0, None) == "0/0 = n/a"
