@@ -36,7 +36,7 @@ import pytest
 
 from pytest_memeval.core.formatting import percent, shown_list
 from pytest_memeval.core.ids import item_name, scenario_param
-from pytest_memeval.core.records import Metrics, RateBlock, Record, RecordError, read_records
+from pytest_memeval.core.records import Metrics, RateBlock, Record, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
 from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
 from pytest_memeval.runtime.state import STATE_KEY, MemevalState, workerinput
@@ -382,13 +382,21 @@ class MemevalGate:
         self.wrote_run = True
         self.outcome.checks = evaluate_gate(self.settings, metrics)
         if self.settings.baseline is not None:
+            # finalize_run wrote these predictions atomically and recounted them (reading and
+            # validating the same file) just before this hook: a RecordError or
+            # UnicodeDecodeError now is a bug in the plugin and propagates. An OSError means
+            # the run directory broke under this session; the run and the gate's checks
+            # stand (this is only the advisory resolution warning), so it is said, not hidden.
+            path = run_dir / PREDICTIONS
             try:
-                outcomes = {
-                    rec["id"]: rec["final_match"] is True
-                    for rec in read_records(run_dir / PREDICTIONS)
-                }
-            except (OSError, UnicodeDecodeError, RecordError):
-                outcomes = None  # the warning before the run still stands
+                outcomes = {rec["id"]: rec["final_match"] is True for rec in read_records(path)}
+            except OSError as exc:
+                self.outcome.warnings = [
+                    *resolution_warnings(self.settings),
+                    f"could not re-read {path} for the resolution check after the run "
+                    f"({type(exc).__name__}: {exc}); only the pre-run estimate is shown",
+                ]
+                return
             self.outcome.warnings = resolution_warnings(self.settings, outcomes)
 
     def decide(self, session: pytest.Session) -> int:
