@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_memeval.compat import installed_version
 from pytest_memeval.compat.xdist import pending_item_indices
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.formatting import shown_list
@@ -46,7 +47,8 @@ PREFETCH_SIZE = 16
 
 
 class PrefetchWarning(UserWarning):
-    """A batched prefetch ran out of memory; this process decodes one scenario at a time."""
+    """Batched prefetch is off in this process (a batch ran out of memory, or xdist's queue
+    of this worker's next items cannot be read); it decodes one scenario at a time."""
 
 
 class PrefetchError(RuntimeError):
@@ -206,6 +208,21 @@ class MemevalWorker:
         """Scenario ids of the items this process will run after ``current``'s, in order."""
         if is_worker(self.config):
             indices = pending_item_indices(self.config)  # compat.xdist
+            if indices is None:
+                # This xdist's queue cannot be read: nothing is known to run here next.
+                # Prefetch goes off for this process, said once (same results, slower).
+                self._prefetch_off = True
+                warnings.warn(
+                    PrefetchWarning(
+                        f"batched prefetch is off on {self._where()}: the queue of items "
+                        f"pytest-xdist {installed_version('pytest-xdist')} has sent this "
+                        "worker cannot be read (pytest_memeval.compat.xdist reads it on "
+                        "pytest-xdist 3.8); each scenario is decoded on its own (same "
+                        "results, slower)"
+                    ),
+                    stacklevel=1,
+                )
+                return []
             ids = (scenario_param(self._items[i]) for i in indices if 0 <= i < len(self._items))
             return [sid for sid in ids if sid is not None]
         if self._run_order is None:
