@@ -2,7 +2,8 @@
 
 Runs in every xdist worker, or in the single process without xdist. The record of a scenario
 is computed once, by whichever of its items runs first, and rides on each of its items' call
-reports as ``report.memeval_record`` (plain JSON data, serialised by xdist with the report).
+reports (plain JSON data, serialised by xdist with the report; ``compat.pytest``'s
+``set_report_record``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_memeval.compat import installed_version
+from pytest_memeval.compat.pytest import drop_report_record, set_report_record
 from pytest_memeval.compat.xdist import pending_item_indices
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.formatting import shown_list
@@ -248,7 +250,7 @@ class MemevalWorker:
         report = outcome.get_result()
         record = item.stash.get(RECORD_KEY, None)
         if record is not None and report.when == "call":
-            report.memeval_record = record
+            set_report_record(report, record)
             # The session keeps every item to the end: do not let each one pin its record.
             del item.stash[RECORD_KEY]
 
@@ -258,8 +260,8 @@ class MemevalWorker:
         # logreport runs before trylast ones); pytest keeps every report to the end of the
         # session, so drop the record from it. (The controller does the same after
         # journaling, see controller._ReleaseRecords.)
-        if is_worker(self.config) and hasattr(report, "memeval_record"):
-            del report.memeval_record
+        if is_worker(self.config):
+            drop_report_record(report)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Count this process's items per scenario (after any deselection)."""

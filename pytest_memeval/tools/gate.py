@@ -34,6 +34,7 @@ from typing import Any, cast
 
 import pytest
 
+from pytest_memeval.compat.pytest import report_record
 from pytest_memeval.core.formatting import percent, shown_list
 from pytest_memeval.core.ids import item_name, scenario_param
 from pytest_memeval.core.records import Metrics, RateBlock, Record, read_records
@@ -373,7 +374,7 @@ class MemevalGate:
             return
         # The record rides only on eval items' call reports (worker.py), so its presence is
         # what identifies an eval item here.
-        record = getattr(report, "memeval_record", None)
+        record = report_record(report)
         # scoring.score's Record, as plain data from the worker that ran the item.
         if isinstance(record, dict) and wrong_answer(cast(Record, record)):
             self.outcome.forgiven += 1
