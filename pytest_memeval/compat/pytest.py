@@ -1,4 +1,5 @@
-"""pytest internals: the rootdir/config-file decision (pytest#8846) and the terminal writer.
+"""pytest internals: the rootdir/config-file decision (pytest#8846), the terminal writer, and
+the scenario record carried on a test report (see the end of this module).
 
 pytest picks its rootdir and config file before plugins add their options (pytest#8846);
 ``runtime/cmdline.py`` repeats that decision with every option known and, when it differs,
