@@ -43,13 +43,15 @@ def test_resume_refuses_a_journal_record_missing_a_field(
     before = _snapshot(memeval_project.run_dir())
 
     monkeypatch.delenv("FAULT_INTERRUPT")
-    resumed = memeval_project.run("--ckpt", "demo", "--memeval-resume")
-    assert resumed.ret == pytest.ExitCode.USAGE_ERROR, resumed.stdout.str()
-    err = resumed.stderr.str()
-    assert "INTERNALERROR" not in err + resumed.stdout.str()
-    assert "KeyError" not in err + resumed.stdout.str()
-    assert f"{journal}:2: scenario {sid!r}: missing field 'final_match'" in err, err
-    assert err.count("damaged journal record") == 1, err
-    # Nothing written: the run directory is byte for byte what the interrupted run left.
-    assert _snapshot(memeval_project.run_dir()) == before
-    assert not (memeval_project.run_dir() / "metrics.json").exists()
+    # Without xdist and with -n 2 (option spelled with '='): the same refusal, nothing written.
+    for args in (["--ckpt", "demo"], ["--ckpt=demo", "-n", "2"]):
+        resumed = memeval_project.run(*args, "--memeval-resume")
+        assert resumed.ret == pytest.ExitCode.USAGE_ERROR, resumed.stdout.str()
+        err = resumed.stderr.str()
+        assert "INTERNALERROR" not in err + resumed.stdout.str()
+        assert "KeyError" not in err + resumed.stdout.str()
+        assert f"{journal}:2: scenario {sid!r}: missing field 'final_match'" in err, err
+        assert err.count("damaged journal record") == 1, err
+        # Nothing written: the run directory is byte for byte what the interrupted run left.
+        assert _snapshot(memeval_project.run_dir()) == before
+        assert not (memeval_project.run_dir() / "metrics.json").exists()
