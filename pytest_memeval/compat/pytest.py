@@ -1,4 +1,5 @@
-"""pytest internals: the rootdir/config-file decision (pytest#8846) and the terminal writer.
+"""pytest internals: the rootdir/config-file decision (pytest#8846), the terminal writer, and
+the scenario record carried on a test report (see the end of this module).
 
 pytest picks its rootdir and config file before plugins add their options (pytest#8846);
 ``runtime/cmdline.py`` repeats that decision with every option known and, when it differs,
@@ -11,7 +12,7 @@ answers ``None`` there, and pytest's own choice stands (the ``--opt=VALUE`` spel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,10 +22,13 @@ __all__ = [
     "CONFIG_INTERNALS",
     "Setup",
     "determine_setup",
+    "drop_report_record",
     "line_in_progress",
     "missing_config_internals",
+    "report_record",
     "rerun_config_checks",
     "set_config_setup",
+    "set_report_record",
 ]
 
 
@@ -121,3 +125,33 @@ def line_in_progress(reporter: Any) -> bool:
     # it). Checked on pytest 9.0.3 and 9.2.0.
     writer = getattr(reporter, "_tw", None)
     return bool(getattr(writer, "width_of_current_line", 0))
+
+
+# -- the scenario record on a test report ------------------------------------------------------
+#
+# undocumented: a scenario's record rides from the worker to the controller as an extra
+# attribute of the item's call report. pytest's report serialisation (the
+# pytest_report_to_serializable / pytest_report_from_serializable hooks that xdist sends
+# reports with) copies every entry of ``report.__dict__`` (_pytest.reports._report_to_json)
+# and TestReport(**extra) sets each back as an attribute; a JSON-able dict travels as is.
+# Checked on pytest 9.0.3 and 9.2.0 with pytest-xdist 3.5.0 and 3.8.0
+# (tests/integration/test_load.py and the -n 2 end-to-end runs fail without it).
+# ``report.user_properties`` is documented and serialised too, but pytest's junitxml writes
+# each entry there into the XML report as a <property>: every record would land in it.
+_RECORD_ATTR = "memeval_record"
+
+
+def set_report_record(report: pytest.TestReport, record: Mapping[str, Any]) -> None:
+    """Attach a scenario record (plain JSON data) to ``report`` for the controller."""
+    setattr(report, _RECORD_ATTR, record)
+
+
+def report_record(report: pytest.TestReport) -> object | None:
+    """The record attached by :func:`set_report_record`, or ``None`` (as received: the
+    caller checks it is a record)."""
+    return getattr(report, _RECORD_ATTR, None)
+
+
+def drop_report_record(report: pytest.TestReport) -> None:
+    """Remove the record from ``report`` (pytest keeps every report to the session's end)."""
+    report.__dict__.pop(_RECORD_ATTR, None)

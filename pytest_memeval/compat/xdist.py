@@ -147,24 +147,27 @@ class ScopeScheduling(LoadScopeScheduling):  # type: ignore[misc]
         self.reschedule(node)
 
 
-def pending_item_indices(config: pytest.Config) -> list[int]:
+def pending_item_indices(config: pytest.Config) -> list[int] | None:
     """Indices (into ``session.items``) of the items xdist has queued on this worker, the one
-    it runs now first; empty where that cannot be read (no prefetch; results unaffected)."""
+    it runs now first; ``None`` where that cannot be read (not a worker, or an xdist whose
+    internals differ): the caller then turns prefetch off and says so (results unaffected)."""
     # private: xdist.remote.WorkerInteractor.torun (a TestQueue with a lock() context giving
     # its deque) and .nextitem_index; the interactor is registered without a name. Checked
-    # on 3.8.0; 3.5.0's torun is a plain queue without lock(): empty there.
+    # on 3.8.0; 3.5.0's torun is a plain queue without lock(): None there.
     for plugin in config.pluginmanager.get_plugins():
         queue = getattr(plugin, "torun", None)
-        if queue is None or not hasattr(queue, "lock") or not hasattr(plugin, "nextitem_index"):
+        if queue is None:
             continue
+        if not hasattr(queue, "lock") or not hasattr(plugin, "nextitem_index"):
+            return None
         try:
             with queue.lock() as items:
                 pending = [i for i in items if isinstance(i, int)]
-        except Exception:  # a changed xdist internal: no prefetch, never a failure
-            return []
+        except Exception:  # a changed xdist internal: reported as None, never a failure
+            return None
         nxt = plugin.nextitem_index
         return ([nxt] if isinstance(nxt, int) else []) + pending
-    return []
+    return None
 
 
 def worker_specs(config: pytest.Config) -> list[str]:

@@ -175,6 +175,12 @@ class Journal:
         with good lines after it means the file was damaged otherwise, and is an error
         rather than a reason to drop the records after it.
         """
+        for _lineno, offset, record in self.recover_lines():
+            yield offset, record
+
+    def recover_lines(self) -> Iterator[tuple[int, int, dict[str, Any]]]:
+        """:meth:`recover`, with each record's 1-based line number first (for messages that
+        name ``journal:line``). The torn tail is truncated only once every line was read."""
         if not self.path.exists():
             return
         good_end = 0
@@ -197,7 +203,7 @@ class Journal:
                     torn_at = lineno
                     continue
                 if JOURNAL_HEADER_KEY not in record:
-                    yield offset, record
+                    yield lineno, offset, record
                 offset += len(raw)
                 good_end = offset
         if self.path.stat().st_size != good_end:

@@ -153,6 +153,10 @@ def scan_scenarios(
     The longest input is the whole conversation (the fast path's one forward pass) or the
     final prompt plus ``max_new_tokens`` (the reference path's last ``generate``).
     """
+    # Imported here: jinja2 loads (with transformers' template compiler) only once a model's
+    # template is actually rendered, not on every pytest start.
+    import jinja2
+
     errors: dict[str, str] = {}
     lengths: dict[str, int] = {}
     for scenario in scenarios:
@@ -161,7 +165,14 @@ def scan_scenarios(
             last = render(
                 tokenizer, scenario.messages[: scenario.final_index], add_generation_prompt=True
             )
-        except Exception as exc:  # jinja2's TemplateError (raise_exception) and kin
+        except (jinja2.TemplateError, ValueError, TypeError) as exc:
+            # What a user's chat template can raise (transformers 5.x): TemplateError from
+            # its raise_exception(), a syntax error, an undefined name or the sandbox;
+            # TypeError from an operation the template applies to the wrong type; ValueError
+            # from transformers when the tokenizer has no (or no default) chat template.
+            # Anything else (KeyError, AttributeError, AssertionError, ...) is a bug in
+            # prompts.render or compat, and propagates as one rather than being reported as
+            # the user's template error.
             errors[scenario.id] = _template_error(exc)
             continue
         full_ids, last_ids = (

@@ -72,17 +72,18 @@ def pytest_load_initial_conftests(
     known = config.known_args_namespace
     if getattr(known, "help", False) or getattr(known, "version", False):
         return
-    try:
-        ns = parser.parse_known_args(base, namespace=copy.copy(config.option))
-        setup = determine_setup(
-            inifile=ns.inifilename,
-            override_ini=ns.override_ini,
-            args=ns.file_or_dir,
-            rootdir_cmd_arg=ns.rootdir or None,
-            invocation_dir=config.invocation_params.dir,
-        )
-    except (AttributeError, TypeError):  # pragma: no cover - other pytest
-        return
+    # No except here: parse_known_args is public API and inifilename/override_ini/
+    # file_or_dir/rootdir are the dests of pytest's own -c/-o/args/--rootdir options;
+    # compat.pytest.determine_setup answers None for a pytest whose internal differs. An
+    # error here is a bug, and must not silently drop the rootdir correction.
+    ns = parser.parse_known_args(base, namespace=copy.copy(config.option))
+    setup = determine_setup(
+        inifile=ns.inifilename,
+        override_ini=ns.override_ini,
+        args=ns.file_or_dir,
+        rootdir_cmd_arg=ns.rootdir or None,
+        invocation_dir=config.invocation_params.dir,
+    )
     if setup is None:  # a pytest whose internal we do not know: its own choice stands
         return
     rootpath, inipath = setup.rootpath, setup.inipath

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import pytest
 
+from pytest_memeval.compat.pytest import drop_report_record, report_record
 from pytest_memeval.compat.xdist import is_xdist_controller
 from pytest_memeval.core.formatting import per_second, score_text, shown_ids
 from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
@@ -145,7 +146,7 @@ class MemevalController:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        record = getattr(report, "memeval_record", None)
+        record = report_record(report)
         if not isinstance(record, dict) or record.get("id") in self.offsets:
             return
         sid = record["id"]
@@ -487,7 +488,7 @@ class _XdistSelection:
 
 
 class _ReleaseRecords:
-    """Drops ``memeval_record`` from each report once every plugin has seen it.
+    """Drops the scenario record from each report once every plugin has seen it.
 
     pytest's terminal reporter keeps every report until the session ends; with the record on
     it, the controller would hold every scenario's record (prompts, outputs) in memory. The
@@ -496,5 +497,4 @@ class _ReleaseRecords:
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if hasattr(report, "memeval_record"):
-            del report.memeval_record
+        drop_report_record(report)

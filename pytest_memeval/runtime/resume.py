@@ -6,8 +6,9 @@ parse rules. A resumed run
 
 1. reads that header and refuses, listing every difference, unless the current run would
    evaluate exactly the same thing (mixing records of two checkpoints is not a result);
-2. recovers the journal's records (a torn last line from a crash is dropped) and keeps only
-   their offsets;
+2. recovers the journal's records (a torn last line from a crash is dropped), checks each
+   one it takes with ``core.records.validate_record`` (a damaged one refuses the resume,
+   naming the file, line, scenario and field) and keeps only their offsets;
 3. deselects, at collection, every item of a scenario the journal already has: on the
    controller and on each xdist worker alike, from the same plain list of ids (workers get it
    through ``workerinput``, so every process collects the same items);
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.formatting import shorten
+from pytest_memeval.core.records import RecordError, validate_record
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, Journal
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import MemevalState, workerinput
@@ -136,12 +138,21 @@ def resume_point(journal: Journal, state: MemevalState) -> ResumePoint:
         )
     scope = set(state.scope_ids)
     try:
-        for offset, record in journal.recover():
+        for lineno, offset, record in journal.recover_lines():
             sid = record.get("id")
             if not isinstance(sid, str) or sid not in scope:
                 point.ignored += 1
             elif sid not in point.offsets:
+                # The record is used as it stands (predictions, metrics): a line that is
+                # JSON but not a whole record is refused here, not met as a KeyError later.
+                validate_record(record, f"{path}:{lineno}")
                 point.offsets[sid] = offset
+    except RecordError as exc:
+        raise ResumeError(
+            f"--memeval-resume: damaged journal record: {exc}\nRepair or remove that line "
+            "(its scenario is then evaluated again), or run without --memeval-resume to "
+            "start over."
+        ) from None
     except ValueError as exc:
         raise ResumeError(f"--memeval-resume: {exc}") from None
     return point

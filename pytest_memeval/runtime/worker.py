@@ -2,7 +2,8 @@
 
 Runs in every xdist worker, or in the single process without xdist. The record of a scenario
 is computed once, by whichever of its items runs first, and rides on each of its items' call
-reports as ``report.memeval_record`` (plain JSON data, serialised by xdist with the report).
+reports (plain JSON data, serialised by xdist with the report; ``compat.pytest``'s
+``set_report_record``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_memeval.compat import installed_version
+from pytest_memeval.compat.pytest import drop_report_record, set_report_record
 from pytest_memeval.compat.xdist import pending_item_indices
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.formatting import shown_list
@@ -46,7 +49,8 @@ PREFETCH_SIZE = 16
 
 
 class PrefetchWarning(UserWarning):
-    """A batched prefetch ran out of memory; this process decodes one scenario at a time."""
+    """Batched prefetch is off in this process (a batch ran out of memory, or xdist's queue
+    of this worker's next items cannot be read); it decodes one scenario at a time."""
 
 
 class PrefetchError(RuntimeError):
@@ -206,6 +210,21 @@ class MemevalWorker:
         """Scenario ids of the items this process will run after ``current``'s, in order."""
         if is_worker(self.config):
             indices = pending_item_indices(self.config)  # compat.xdist
+            if indices is None:
+                # This xdist's queue cannot be read: nothing is known to run here next.
+                # Prefetch goes off for this process, said once (same results, slower).
+                self._prefetch_off = True
+                warnings.warn(
+                    PrefetchWarning(
+                        f"batched prefetch is off on {self._where()}: the queue of items "
+                        f"pytest-xdist {installed_version('pytest-xdist')} has sent this "
+                        "worker cannot be read (pytest_memeval.compat.xdist reads it on "
+                        "pytest-xdist 3.8); each scenario is decoded on its own (same "
+                        "results, slower)"
+                    ),
+                    stacklevel=1,
+                )
+                return []
             ids = (scenario_param(self._items[i]) for i in indices if 0 <= i < len(self._items))
             return [sid for sid in ids if sid is not None]
         if self._run_order is None:
@@ -231,7 +250,7 @@ class MemevalWorker:
         report = outcome.get_result()
         record = item.stash.get(RECORD_KEY, None)
         if record is not None and report.when == "call":
-            report.memeval_record = record
+            set_report_record(report, record)
             # The session keeps every item to the end: do not let each one pin its record.
             del item.stash[RECORD_KEY]
 
@@ -241,8 +260,8 @@ class MemevalWorker:
         # logreport runs before trylast ones); pytest keeps every report to the end of the
         # session, so drop the record from it. (The controller does the same after
         # journaling, see controller._ReleaseRecords.)
-        if is_worker(self.config) and hasattr(report, "memeval_record"):
-            del report.memeval_record
+        if is_worker(self.config):
+            drop_report_record(report)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Count this process's items per scenario (after any deselection)."""

@@ -34,9 +34,10 @@ from typing import Any, cast
 
 import pytest
 
+from pytest_memeval.compat.pytest import report_record
 from pytest_memeval.core.formatting import percent, shown_ids
 from pytest_memeval.core.ids import item_name
-from pytest_memeval.core.records import Metrics, RateBlock, Record, RecordError, read_records
+from pytest_memeval.core.records import Metrics, RateBlock, Record, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
 from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
 from pytest_memeval.runtime.eval_items import scenario_param
@@ -370,7 +371,7 @@ class MemevalGate:
             return
         # The record rides only on eval items' call reports (worker.py), so its presence is
         # what identifies an eval item here.
-        record = getattr(report, "memeval_record", None)
+        record = report_record(report)
         # scoring.score's Record, as plain data from the worker that ran the item.
         if isinstance(record, dict) and wrong_answer(cast(Record, record)):
             self.outcome.forgiven += 1
@@ -379,13 +380,21 @@ class MemevalGate:
         self.wrote_run = True
         self.outcome.checks = evaluate_gate(self.settings, metrics)
         if self.settings.baseline is not None:
+            # finalize_run wrote these predictions atomically and recounted them (reading and
+            # validating the same file) just before this hook: a RecordError or
+            # UnicodeDecodeError now is a bug in the plugin and propagates. An OSError means
+            # the run directory broke under this session; the run and the gate's checks
+            # stand (this is only the advisory resolution warning), so it is said, not hidden.
+            path = run_dir / PREDICTIONS
             try:
-                outcomes = {
-                    rec["id"]: rec["final_match"] is True
-                    for rec in read_records(run_dir / PREDICTIONS)
-                }
-            except (OSError, UnicodeDecodeError, RecordError):
-                outcomes = None  # the warning before the run still stands
+                outcomes = {rec["id"]: rec["final_match"] is True for rec in read_records(path)}
+            except OSError as exc:
+                self.outcome.warnings = [
+                    *resolution_warnings(self.settings),
+                    f"could not re-read {path} for the resolution check after the run "
+                    f"({type(exc).__name__}: {exc}); only the pre-run estimate is shown",
+                ]
+                return
             self.outcome.warnings = resolution_warnings(self.settings, outcomes)
 
     def decide(self, session: pytest.Session) -> int:

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import pytest
 
+from pytest_memeval.compat.pytest import report_record
 from pytest_memeval.core.records import Record
 from pytest_memeval.runtime.worker import RECORD_KEY
 from pytest_memeval.tools.gate import GATE_KEY
@@ -40,7 +41,7 @@ class MemevalHtml:
         report = outcome.get_result()
         if report.when != "call":
             return
-        record = getattr(report, "memeval_record", None) or item.stash.get(RECORD_KEY, None)
+        record = report_record(report) or item.stash.get(RECORD_KEY, None)
         if not isinstance(record, dict):
             return
         from pytest_html import extras

@@ -71,5 +71,7 @@ def test_pending_items_without_xdist_are_none(pytester: pytest.Pytester) -> None
     pytester.makepyfile(test_many=TESTS)
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=40)
     rows = _rows(pytester, "master")
-    assert all(r["pending"] == [] for r in rows if "pending" in r)
+    read = [r["pending"] for r in rows if "pending" in r]
+    assert len(read) == 40  # one row per test, so the check below is not vacuous
+    assert all(p is None for p in read)  # no xdist queue to read: None, not an empty queue
     assert rows[-1] == {"who": "master", "controller": False}

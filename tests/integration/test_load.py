@@ -28,6 +28,8 @@ PROBE_CONFTEST = """
 import json
 import os
 
+from pytest_memeval.compat.pytest import report_record
+
 
 def pytest_sessionfinish(session):
     root = session.config.rootpath
@@ -38,7 +40,7 @@ def pytest_sessionfinish(session):
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         reports = [r for reps in tr.stats.values() for r in reps if hasattr(r, "nodeid")]
-        held = sum(hasattr(r, "memeval_record") for r in reports)
+        held = sum(report_record(r) is not None for r in reports)
         (root / f"probe-reports-{who}.json").write_text(json.dumps([len(reports), held]))
 """
 

@@ -73,14 +73,14 @@ def test_chunks_keep_scenarios_whole_and_shrink_at_the_end(pytester: pytest.Pyte
     sched.mark_test_complete(nodes[1], nodes[1].sent[0][0])
     sched.mark_test_complete(nodes[1], nodes[1].sent[0][1])
     assert sched.remove_node(nodes[1]) == items[running]
-    requeued = [n for unit in sched.workqueue.values() for n, done in unit.items() if not done]
+    requeued = [n for unit in sched.work_queue.values() for n, done in unit.items() if not done]
     assert items[running] not in requeued and items[nodes[1].sent[0][0]] not in requeued
     assert len({scenario_of(n) for n in requeued if "test_eval" in n}) == 3
     # Everything still ends up sent exactly once, whole scenarios per message.
-    while sched.workqueue:
+    while sched.work_queue:
         sent = [i for batch in nodes[0].sent for i in batch]
         for i in sent:
-            if not sched.assigned_work[nodes[0]][sched._split_scope(items[i])][items[i]]:
+            if not sched.assigned[nodes[0]][sched.scope_of(items[i])][items[i]]:
                 sched.mark_test_complete(nodes[0], i)
     for node in nodes:
         for batch in node.sent:

@@ -196,12 +196,14 @@ import os
 import signal
 from pathlib import Path
 
+from pytest_memeval.compat.pytest import report_record
+
 MARKER = Path(__file__).with_name("crash-shard-1")
 
 
 def pytest_runtest_logreport(report):
     if (
-        getattr(report, "memeval_record", None)
+        report_record(report)
         and os.environ.get("SLURM_ARRAY_TASK_ID") == "1"
         and MARKER.exists()
     ):

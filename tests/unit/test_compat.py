@@ -230,7 +230,7 @@ class QueueHolder:
 
 def test_pending_item_indices_reads_xdists_worker_queue(pytester: pytest.Pytester) -> None:
     config = pytester.parseconfig()
-    assert cxdist.pending_item_indices(config) == []  # not an xdist worker
+    assert cxdist.pending_item_indices(config) is None  # not an xdist worker
     queue = xdist.remote.TestQueue(get_execmodel("thread"))
     for i in (4, 5, 6):
         queue.put(i)
@@ -238,13 +238,13 @@ def test_pending_item_indices_reads_xdists_worker_queue(pytester: pytest.Pyteste
     assert cxdist.pending_item_indices(config) == [3, 4, 5, 6]
 
 
-def test_pending_item_indices_without_the_queue_api_is_empty(pytester: pytest.Pytester) -> None:
+def test_pending_item_indices_without_the_queue_api_is_none(pytester: pytest.Pytester) -> None:
     class NoLock:  # xdist 3.5's torun: a plain queue without lock()
         pass
 
     config = pytester.parseconfig()
     config.pluginmanager.register(QueueHolder(NoLock(), 3))
-    assert cxdist.pending_item_indices(config) == []
+    assert cxdist.pending_item_indices(config) is None
 
     class BrokenLock:
         def lock(self) -> Any:
@@ -252,7 +252,7 @@ def test_pending_item_indices_without_the_queue_api_is_empty(pytester: pytest.Py
 
     other = pytester.parseconfig()
     other.pluginmanager.register(QueueHolder(BrokenLock(), 3))
-    assert cxdist.pending_item_indices(other) == []
+    assert cxdist.pending_item_indices(other) is None
 
 
 def test_worker_specs_and_the_older_name(
