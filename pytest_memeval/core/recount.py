@@ -9,7 +9,7 @@ aggregate cannot hide behind the same bug in its check.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from pytest_memeval.core.records import (
@@ -51,16 +51,16 @@ def recount_file(path: Path) -> Counts:
     Every record is checked first (:func:`.records.validate_record`, ids once): a bad line
     is a :class:`RecountError` naming file, line, scenario and field.
     """
-    return _recount(path)[0]
+    return _recount(_records(path))[0]
 
 
-def _recount(path: Path) -> tuple[Counts, dict[str, dict[str, int]]]:
-    """The count fields and ``m2_by_position``, in one pass over the file."""
+def _recount(records: Iterable[Record]) -> tuple[Counts, dict[str, dict[str, int]]]:
+    """The count fields and ``m2_by_position``, in one pass over checked records."""
     positions: dict[str, dict[str, int]] = {}
     n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
     with_flags = without_flags = overlong = 0
     per_scenario: list[tuple[int, int]] = []  # (right, scored) of each aligned scenario
-    for rec in _records(path):
+    for rec in records:
         n += 1
         if rec["final_match"] is True:
             final_ok += 1
@@ -175,20 +175,43 @@ def _check_claims(
     return problems
 
 
-def recount_run(run_dir: Path) -> Counts:
+def recount_run(
+    run_dir: Path,
+    *,
+    claimed: Metrics | None = None,
+    records: Iterable[Record] | None = None,
+) -> Counts:
     """Check ``run_dir/metrics.json`` against ``run_dir/predictions.jsonl``; raise on mismatch.
 
     Both files are checked against the schema first (:func:`.records.validate_metrics` with
     ``counts_only``, :func:`.records.validate_record` for each line): a malformed file is a
     :class:`RecountError` naming the file (and line, scenario) and the field. An unreadable
     file raises ``OSError``.
+
+    A caller that has already read and checked both files (``load_checked_run``) passes the
+    metrics as ``claimed`` and the records, in file order, as ``records``: the files are then
+    not parsed a second time (the predictions file is still hashed for ``predictions_sha256``).
     """
     metrics_path, predictions_path = run_dir / "metrics.json", run_dir / "predictions.jsonl"
     for p in (metrics_path, predictions_path):
         if not p.is_file():
             raise RecountError(f"{p}: missing")
+    if claimed is None:
+        claimed = _read_claimed(metrics_path)
+    recounted, positions = _recount(_records(predictions_path) if records is None else records)
+    problems = compare_counts(claimed, recounted)
+    problems += _check_claims(claimed, recounted, positions, predictions_path)
+    if problems:
+        raise RecountError(
+            f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems)
+        )
+    return recounted
+
+
+def _read_claimed(metrics_path: Path) -> Metrics:
+    """``metrics.json``'s count fields, checked (RecountError if malformed)."""
     try:
-        claimed = validate_metrics(
+        return validate_metrics(
             json.loads(metrics_path.read_text(encoding="utf-8")),
             str(metrics_path),
             counts_only=True,
@@ -199,11 +222,3 @@ def recount_run(run_dir: Path) -> Counts:
         raise RecountError(f"{metrics_path}: not UTF-8 text ({exc.reason})") from None
     except RecordError as exc:
         raise RecountError(str(exc)) from None
-    recounted, positions = _recount(predictions_path)
-    problems = compare_counts(claimed, recounted)
-    problems += _check_claims(claimed, recounted, positions, predictions_path)
-    if problems:
-        raise RecountError(
-            f"{run_dir}: recount disagrees with metrics.json: " + "; ".join(problems)
-        )
-    return recounted

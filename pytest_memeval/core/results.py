@@ -265,7 +265,8 @@ def load_checked_run(path: Path, *, shard: bool = False) -> CheckedRun:
     metrics = _read_metrics(path / METRICS)
     records = _read_records(path / PREDICTIONS)
     try:
-        recount_run(path)
+        # The files were read and checked just above: recount those, not a second parse.
+        recount_run(path, claimed=metrics, records=records.values())
     except RecountError as exc:
         raise RunLoadError(f"{path}: fails the recount: {exc}") from None
     except OSError as exc:  # a file removed or made unreadable since it was read above

@@ -337,7 +337,7 @@ def test_a_programming_error_is_not_an_unreadable_run(
     """Only bad input is refused: a bug (here a KeyError in the recount) stays a bug."""
     run_dir = write(tmp_path / "run")
 
-    def broken(path: Path) -> dict[str, Any]:
+    def broken(path: Path, **_: object) -> dict[str, Any]:
         raise KeyError("bug")
 
     monkeypatch.setattr(results, "recount_run", broken)
