@@ -8,11 +8,13 @@ functions over plain values: nothing here knows about runs, records or pytest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = [
     "ELLIPSIS",
     "SHOWN",
+    "counts_text",
     "per_second",
     "percent",
     "score_text",
@@ -77,3 +79,13 @@ def score_text(correct: int, total: int, rate: float | None) -> str:
     """A rate of right answers with its counts: ``167/189 = 88.36%``, or ``0/0 = n/a`` when
     there is nothing to score (``rate`` is ``None``)."""
     return f"{correct}/{total} = {'n/a' if rate is None else percent(rate)}"
+
+
+def counts_text(counts: Mapping[str, Any]) -> str:
+    """A run's counts on one line, as ``memeval merge`` and ``memeval recount`` print them:
+    ``n=189 m1=127/189 m2=188/415 unaligned=161 parse_fail=0``."""
+    m1, m2 = counts["m1"], counts["m2"]
+    return (
+        f"n={counts['n']} m1={m1['correct']}/{m1['total']} m2={m2['correct']}/{m2['total']} "
+        f"unaligned={counts['unaligned']} parse_fail={counts['parse_fail']}"
+    )

@@ -46,6 +46,7 @@ __all__ = [
     "memeval_table",
     "profile_from_plain",
     "profile_to_plain",
+    "read_toml",
     "resolve_profile",
 ]
 
@@ -110,18 +111,26 @@ class Profile:
         return self.source.parent
 
 
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file (``pyproject.toml``) as a dict; empty if the file is absent.
+
+    The one TOML reader of the package (profiles, guards, ``memeval slurm``), so a broken file
+    reads alike everywhere: :class:`ProfileError` naming the file.
+    """
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: invalid TOML ({exc})") from None
+
+
 def memeval_table(path: Path, key: str) -> dict[str, Any]:
     """The ``[tool.memeval.<key>]`` table of a TOML file (empty if the file or table is absent).
 
     One reader for every ``tool.memeval`` table (profiles, guards), so TOML errors read alike.
     """
-    if not path.is_file():
-        return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{path}: invalid TOML ({exc})") from None
-    table = data.get("tool", {}).get("memeval", {}).get(key, {})
+    table = read_toml(path).get("tool", {}).get("memeval", {}).get(key, {})
     if not isinstance(table, dict):
         raise ProfileError(f"{path}: [tool.memeval.{key}] must be a table of tables")
     return table

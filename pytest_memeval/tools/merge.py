@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_memeval.core.formatting import shown_ids
+from pytest_memeval.core.formatting import counts_text, shown_ids
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION
 from pytest_memeval.core.records import (
     Metrics,
@@ -376,10 +376,8 @@ def cli_main(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
         return 1
-    m1, m2 = metrics["m1"], metrics["m2"]
     print(
         f"memeval merge: OK {len(metrics['merged_from'])} shards -> {args.out}: "
-        f"n={metrics['n']} m1={m1['correct']}/{m1['total']} m2={m2['correct']}/{m2['total']} "
-        f"unaligned={metrics['unaligned']} parse_fail={metrics['parse_fail']}"
+        + counts_text(metrics)
     )
     return 0

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pytest_memeval.core.formatting import counts_text
 from pytest_memeval.core.recount import RecountError, recount_run
 
 __all__ = ["cli_arguments", "cli_main"]
@@ -30,10 +31,5 @@ def cli_main(args: argparse.Namespace) -> int:
     except (RecountError, OSError) as exc:
         print(f"memeval recount: FAIL: {exc}", file=sys.stderr)
         return 1
-    m1, m2 = recounted["m1"], recounted["m2"]
-    print(
-        f"memeval recount: OK {args.run_dir}: n={recounted['n']} "
-        f"m1={m1['correct']}/{m1['total']} m2={m2['correct']}/{m2['total']} "
-        f"unaligned={recounted['unaligned']} parse_fail={recounted['parse_fail']}"
-    )
+    print(f"memeval recount: OK {args.run_dir}: {counts_text(recounted)}")
     return 0

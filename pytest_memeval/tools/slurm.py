@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_memeval.core.profiles import ProfileError, memeval_table, resolve_profile
+from pytest_memeval.core.profiles import ProfileError, memeval_table, read_toml, resolve_profile
 from pytest_memeval.core.rundir import (
     JOURNAL,
     JOURNAL_HEADER_KEY,
@@ -56,11 +56,6 @@ from pytest_memeval.core.runlock import (
 )
 from pytest_memeval.core.sharding import ShardError, parse_shard, shard_dir_name
 from pytest_memeval.tools.merge import load_shard
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 __all__ = [
     "INCOMPLETE_EXIT",
@@ -742,13 +737,11 @@ def _save(plan: Plan, jobs: list[dict[str, Any]]) -> None:
 def _project_defaults(project: Path) -> tuple[Path, str]:
     """``(profiles file, runs parent)`` as pytest would take them from the project's pyproject."""
     pyproject = project / "pyproject.toml"
-    ini: dict[str, Any] = {}
-    if pyproject.is_file():
-        try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise SlurmError(f"{pyproject}: invalid TOML ({exc})") from None
-        ini = data.get("tool", {}).get("pytest", {}).get("ini_options", {}) or {}
+    try:
+        data = read_toml(pyproject)
+    except ProfileError as exc:
+        raise SlurmError(str(exc)) from None
+    ini: dict[str, Any] = data.get("tool", {}).get("pytest", {}).get("ini_options", {}) or {}
     profiles = ini.get("memeval_profiles")
     return (project / profiles if profiles else pyproject), str(ini.get("memeval_out", "runs"))
 
