@@ -44,7 +44,8 @@ from pytest_memeval.decode.reference import (
     reference_rollout,
 )
 from pytest_memeval.model.loading import LoadedModel
-from pytest_memeval.model.prompts import TurnPrompt, scenario_prompts
+from pytest_memeval.model.prefix import proven_scenario_prompts
+from pytest_memeval.model.prompts import TurnPrompt
 
 __all__ = [
     "DEFAULT_ACCELERATOR_BATCH_SIZE",
@@ -264,6 +265,7 @@ class FastDecoder:
         #: seconds spent building prompts, in forward passes and in ``generate``
         self.seconds: dict[str, float] = defaultdict(float)
         self._ready: dict[str, Rollout] = {}
+        self._decoded: dict[tuple[int, ...], TurnOutput] = {}
         self._stop = frozenset(loaded.stop_ids)
         base = (
             loaded.model.get_base_model()
@@ -334,7 +336,10 @@ class FastDecoder:
         """The scenario's teacher-forced plan, or ``None`` and why the fast path cannot hold."""
         tokenizer = self.loaded.tokenizer
         started = time.perf_counter()
-        prompts, full = scenario_prompts(tokenizer, scenario)
+        # The same ids as ``prompts.scenario_prompts``; most prompts' ids are proven to be
+        # the conversation's prefix without tokenising them (see ``model/prefix.py``).
+        prompts, full, proven = proven_scenario_prompts(tokenizer, scenario)
+        self.stats["prompts_proven"] += proven
         self.seconds["prompts"] += time.perf_counter() - started
         if self._unsafe:
             return (
@@ -483,12 +488,21 @@ class FastDecoder:
                 if got in self._stop or len(produced) >= self.max_new_tokens:
                     # The model's own token ends the turn: the forward pass decided it all.
                     self.stats["forward_only"] += 1
-                    return dataclasses.replace(
-                        decode_new_tokens(self.loaded, produced), generated=False
-                    )
+                    return self._forward_output(produced)
                 return tuple(produced)
         self.stats["teacher_forced"] += 1
-        return dataclasses.replace(decode_new_tokens(self.loaded, produced), generated=False)
+        return self._forward_output(produced)
+
+    def _forward_output(self, tokens: Sequence[int]) -> TurnOutput:
+        """``decode_new_tokens`` of tokens the forward pass decided (``generated: False``),
+        memoised: the same answers recur across turns and scenarios, and decoding is a pure
+        function of the tokens."""
+        key = tuple(tokens)
+        out = self._decoded.get(key)
+        if out is None:
+            out = dataclasses.replace(decode_new_tokens(self.loaded, key), generated=False)
+            self._decoded[key] = out
+        return out
 
     def _calibration(
         self, plans: list[_Plan], logits: Any, column: dict[int, int], cache: Any
