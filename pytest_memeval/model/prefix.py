@@ -94,7 +94,7 @@ def proven_scenario_prompts(
         and backend.padding is None
     ):
         added = _plain_added_tokens(backend)
-    if added is None:
+    if backend is None or added is None:
         prompts, full = scenario_prompts(tokenizer, scenario)
         return prompts, full, 0
     conversation = render(tokenizer, scenario.messages, add_generation_prompt=False)
