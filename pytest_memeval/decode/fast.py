@@ -284,6 +284,26 @@ class FastDecoder:
         self._position_ids = "position_ids" in params
         self._unsafe = unsafe_generation_settings(getattr(loaded.model, "generation_config", None))
 
+    def adopt_calibration(self, other: FastDecoder) -> bool:
+        """Take ``other``'s calibration (its measured disagreement, and the bounds computed
+        from it) instead of calibrating: for another decoder of the same loaded model (same
+        weights, dtype, device and attention implementation, which is what the disagreement
+        depends on), e.g. ``memeval bench``'s growth table after its main run. A decoder given
+        a ``margin`` keeps it. False (nothing adopted) when ``other`` measured nothing."""
+        if other.loaded.model is not self.loaded.model:
+            raise ValueError("a calibration is only valid for the model it was measured on")
+        if not other.stats["calibration_turns"]:
+            return False
+        for kind in KINDS:
+            self.disagreement[kind] = list(other.disagreement[kind])
+            self.disagreement_ulps[kind] = list(other.disagreement_ulps[kind])
+            if self._calibrate_bounds:
+                self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
+                    self.loaded.dtype, kind, self.disagreement[kind], self.disagreement_ulps[kind]
+                )
+        self._calibrate = False
+        return True
+
     # -- Decoder protocol --------------------------------------------------------------------
 
     def rollout(self, scenario: Scenario) -> Rollout:
@@ -687,6 +707,7 @@ class FastDecoder:
         return [results[k] for k in range(len(pending))]
 
     def _generate_chunk(self, rows: list[_Pending]) -> list[TurnOutput]:
+        self.stats["generate_calls"] += 1
         generated = self._generate_rows(
             [(p.cache, p.row, [*p.turn.prompt.ids, *p.draft], len(p.draft)) for p in rows], False
         )
