@@ -97,3 +97,27 @@ def test_the_guard_catches_a_wrong_argument(
     prompts, _, proven = proven_scenario_prompts(tokenizer, scenario)
     assert proven == 0
     assert [list(p.ids) for p in prompts] == _tokenised(tokenizer, scenario)
+
+
+def test_non_ascii_text_keeps_offsets_in_characters(tokenizer: Any) -> None:
+    """Offsets are compared with ``len(prompt text)``: they must count characters, not bytes
+    (multi-byte text before a boundary would otherwise shift every later proof)."""
+    records = [
+        {
+            "id": "ünïcødé",
+            "messages": [
+                {"role": "system", "content": "objets : œuf table , 🍎 counter"},
+                {"role": "user", "content": "œuf → sink"},
+                {"role": "assistant", "content": "pick œuf from table"},
+                {"role": "user", "content": "🍎 to sink"},
+                {"role": "assistant", "content": "pick 🍎 from counter"},
+                {"role": "user", "content": "ok"},
+                {"role": "assistant", "content": "place 🍎 in sink"},
+            ],
+        }
+    ]
+    scenario = from_records(records, "x").scenarios[0]
+    prompts, full, proven = proven_scenario_prompts(tokenizer, scenario)
+    assert proven == 2
+    assert [list(p.ids) for p in prompts] == _tokenised(tokenizer, scenario)
+    assert (prompts, full) == scenario_prompts(tokenizer, scenario)
