@@ -45,7 +45,8 @@ from pytest_memeval.decode.reference import (
     reference_rollout,
 )
 from pytest_memeval.model.loading import LoadedModel
-from pytest_memeval.model.prompts import TurnPrompt, scenario_prompts
+from pytest_memeval.model.prefix import proven_scenario_prompts
+from pytest_memeval.model.prompts import TurnPrompt
 
 __all__ = [
     "DEFAULT_ACCELERATOR_BATCH_SIZE",
@@ -60,8 +61,11 @@ __all__ = [
 #: saves (measured on the demo model: 4 beats 1, 8 and 16); accelerators want wide batches.
 DEFAULT_BATCH_SIZES: dict[str, int] = {"cpu": 4}
 DEFAULT_ACCELERATOR_BATCH_SIZE = 16
-#: Rows per batched ``generate`` call, as a multiple of the batch size.
-GENERATE_ROWS_FACTOR = 4
+#: Rows per batched ``generate`` call, and turns pooled over consecutive forward passes before
+#: generating (``max_batch_tokens`` also bounds a call: rows x longest row). A generate step
+#: feeds one token per row, so its cost is mostly per call and per step, not per row: on the
+#: demo, 128 rows per call spend half the CPU time of 16.
+GENERATE_ROWS = 128
 #: Padded tokens per forward pass (batch rows x longest row), bounding activation memory.
 DEFAULT_MAX_BATCH_TOKENS = 32768
 
@@ -70,9 +74,11 @@ DEFAULT_MAX_BATCH_TOKENS = 32768
 #: measured (see ``docs/decoding.md``). Top-1/top-2 logit margins in fp32 units, by model dtype.
 MARGINS: dict[str, float] = {"float32": 1e-2, "float64": 1e-6, "float16": 0.25, "bfloat16": 1.0}
 
-#: The smallest absolute bound, by dtype: the old fixed bound in fp32/fp64 (1000x the
-#: disagreement measured there); in 16-bit the bound is relative (below).
-MIN_MARGINS: dict[str, float] = {"float32": 1e-2, "float64": 1e-6, "float16": 0.0, "bfloat16": 0.0}
+#: The smallest absolute bound, by dtype, where the calibration measured the disagreement: in
+#: fp32 about 85x the largest disagreement measured on the demo (1.17e-5 at logits up to 15)
+#: and 28x the bound it calibrates to; in 16-bit the bound is relative (below). Without a
+#: measurement the fixed :data:`MARGINS` apply.
+MIN_MARGINS: dict[str, float] = {"float32": 1e-3, "float64": 1e-6, "float16": 0.0, "bfloat16": 0.0}
 
 #: Mantissa bits by dtype: a logit ``x`` is stored to one unit in the last place (ulp),
 #: ``2 ** (floor(log2 |x|) - bits)``. 16-bit disagreement is counted in these units, since
@@ -265,6 +271,7 @@ class FastDecoder:
         #: seconds spent building prompts, in forward passes and in ``generate``
         self.seconds: dict[str, float] = defaultdict(float)
         self._ready: dict[str, Rollout] = {}
+        self._decoded: dict[tuple[int, ...], TurnOutput] = {}
         self._stop = frozenset(loaded.stop_ids)
         base = (
             loaded.model.get_base_model()
@@ -277,6 +284,26 @@ class FastDecoder:
         self._logits_to_keep = "logits_to_keep" in params
         self._position_ids = "position_ids" in params
         self._unsafe = unsafe_generation_settings(getattr(loaded.model, "generation_config", None))
+
+    def adopt_calibration(self, other: FastDecoder) -> bool:
+        """Take ``other``'s calibration (its measured disagreement, and the bounds computed
+        from it) instead of calibrating: for another decoder of the same loaded model (same
+        weights, dtype, device and attention implementation, which is what the disagreement
+        depends on), e.g. ``memeval bench``'s growth table after its main run. A decoder given
+        a ``margin`` keeps it. False (nothing adopted) when ``other`` measured nothing."""
+        if other.loaded.model is not self.loaded.model:
+            raise ValueError("a calibration is only valid for the model it was measured on")
+        if not other.stats["calibration_turns"]:
+            return False
+        for kind in KINDS:
+            self.disagreement[kind] = list(other.disagreement[kind])
+            self.disagreement_ulps[kind] = list(other.disagreement_ulps[kind])
+            if self._calibrate_bounds:
+                self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
+                    self.loaded.dtype, kind, self.disagreement[kind], self.disagreement_ulps[kind]
+                )
+        self._calibrate = False
+        return True
 
     # -- Decoder protocol --------------------------------------------------------------------
 
@@ -310,12 +337,47 @@ class FastDecoder:
         # Longest first: the first batch fixes the largest activation size, so running out of
         # memory shows at once; similar lengths share batches, so little padding is computed.
         plans.sort(key=lambda p: -len(p[1].full))
+        # The turns the forward passes do not settle are pooled over consecutive batches and
+        # generated together: a generate step costs about the same for 4 rows as for 64, so
+        # fewer, fuller calls (each forward pass's cache is kept until its turns are done).
+        held: list[tuple[list[tuple[int, _Plan]], list[list[TurnOutput | None]]]] = []
+        pool: list[_Pending] = []
+        held_tokens = 0
         for batch in self._batches(plans):
-            for (pos, _), rollout in zip(
-                batch, self._decode_batch([p for _, p in batch]), strict=True
-            ):
-                results[pos] = rollout
+            outputs, pending = self._decode_batch([p for _, p in batch])
+            for item in pending:
+                item.batch = len(held)
+            held.append((batch, outputs))
+            pool.extend(pending)
+            held_tokens += len(batch) * max(len(p.full) for _, p in batch)
+            if len(pool) >= self._generate_rows_cap or held_tokens >= self.max_batch_tokens:
+                self._finish(held, pool, results)
+                held, pool, held_tokens = [], [], 0
+        self._finish(held, pool, results)
         return [results[i] for i in range(len(scenarios))]
+
+    @property
+    def _generate_rows_cap(self) -> int:
+        """Rows per batched ``generate`` call (and turns pooled before generating)."""
+        return GENERATE_ROWS
+
+    def _finish(
+        self,
+        held: list[tuple[list[tuple[int, _Plan]], list[list[TurnOutput | None]]]],
+        pool: list[_Pending],
+        results: dict[int, Rollout],
+    ) -> None:
+        """Generate the pooled turns, then complete the rollouts of the held batches."""
+        for item, generated in zip(pool, self._generate_many(pool), strict=True):
+            held[item.batch][1][item.row][item.turn_no] = generated
+        for batch, outputs in held:
+            for (pos, plan), row in zip(batch, outputs, strict=True):
+                done = tuple(o for o in row if o is not None)
+                assert len(done) == len(plan.turns)
+                tail = prompt_tail(self.loaded, plan.turns[-1].prompt.ids)
+                results[pos] = Rollout(
+                    done, self.path, tail, batch=len(batch), batch_size=self.batch_size
+                )
 
     def _batches(self, plans: list[tuple[int, _Plan]]) -> Iterable[list[tuple[int, _Plan]]]:
         batch: list[tuple[int, _Plan]] = []
@@ -335,7 +397,10 @@ class FastDecoder:
         """The scenario's teacher-forced plan, or ``None`` and why the fast path cannot hold."""
         tokenizer = self.loaded.tokenizer
         started = time.perf_counter()
-        prompts, full = scenario_prompts(tokenizer, scenario)
+        # The same ids as ``prompts.scenario_prompts``; most prompts' ids are proven to be
+        # the conversation's prefix without tokenising them (see ``model/prefix.py``).
+        prompts, full, proven = proven_scenario_prompts(tokenizer, scenario)
+        self.stats["prompts_proven"] += proven
         self.seconds["prompts"] += time.perf_counter() - started
         if self._unsafe:
             return (
@@ -387,7 +452,11 @@ class FastDecoder:
         self.seconds["generate"] += time.perf_counter() - started
         return rollout
 
-    def _decode_batch(self, plans: list[_Plan]) -> list[Rollout]:
+    def _decode_batch(
+        self, plans: list[_Plan]
+    ) -> tuple[list[list[TurnOutput | None]], list[_Pending]]:
+        """One forward pass over ``plans``: each turn's output where the forward pass decides
+        it (``None`` elsewhere), and the turns left to generate (holding the pass's cache)."""
         # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
@@ -438,29 +507,24 @@ class FastDecoder:
             self.seconds["calibration"] += time.perf_counter() - started
         del logits
         pending: list[_Pending] = []
+        # Plain lists: the per-position checks below index them thousands of times.
+        checks = (best.tolist(), margin.tolist(), top1.tolist())
         for row, plan in enumerate(plans):
             for n, turn in enumerate(plan.turns):
                 self.stats["turns"] += 1
-                decided = self._teacher_forced(row, turn, best, (margin, top1), column)
+                decided = self._teacher_forced(row, turn, checks, column)
                 if isinstance(decided, TurnOutput):
                     outputs[row][n] = decided
                 else:
-                    pending.append(_Pending(row, n, turn, decided))
-        for item, generated in zip(pending, self._generate_many(pending, cache), strict=True):
-            outputs[item.row][item.turn_no] = generated
-        del cache
-        rollouts = []
-        for row, plan in enumerate(plans):
-            done = tuple(o for o in outputs[row] if o is not None)
-            assert len(done) == len(plan.turns)
-            tail = prompt_tail(self.loaded, plan.turns[-1].prompt.ids)
-            rollouts.append(
-                Rollout(done, self.path, tail, batch=len(plans), batch_size=self.batch_size)
-            )
-        return rollouts
+                    pending.append(_Pending(row, n, turn, decided, cache))
+        return outputs, pending
 
     def _teacher_forced(
-        self, row: int, turn: _Turn, best: Any, margin: tuple[Any, Any], column: dict[int, int]
+        self,
+        row: int,
+        turn: _Turn,
+        checks: tuple[list[list[int]], list[list[float]], list[list[float]]],
+        column: dict[int, int],
     ) -> TurnOutput | tuple[int, ...]:
         """The turn's output if the forward pass proves what greedy decoding yields; else the
         draft: the tokens greedy decoding is proven to produce first (the truth up to where
@@ -468,13 +532,14 @@ class FastDecoder:
         if not turn.expected:
             self.stats["generated_no_truth"] += 1
             return ()
+        best, margin, top = checks
         start = len(turn.prompt.ids)
         produced: list[int] = []
         for j, want in enumerate(turn.expected):
             col = column[start - 1 + j]
-            got = int(best[row, col])
+            got = best[row][col]
             kind = "first" if j == 0 else "step"
-            if not self._trusted(kind, float(margin[0][row, col]), float(margin[1][row, col])):
+            if not self._trusted(kind, margin[row][col], top[row][col]):
                 self.stats["generated_near_tie"] += 1
                 return tuple(produced)
             produced.append(got)
@@ -485,12 +550,21 @@ class FastDecoder:
                 if got in self._stop or len(produced) >= self.max_new_tokens:
                     # The model's own token ends the turn: the forward pass decided it all.
                     self.stats["forward_only"] += 1
-                    return dataclasses.replace(
-                        decode_new_tokens(self.loaded, produced), generated=False
-                    )
+                    return self._forward_output(produced)
                 return tuple(produced)
         self.stats["teacher_forced"] += 1
-        return dataclasses.replace(decode_new_tokens(self.loaded, produced), generated=False)
+        return self._forward_output(produced)
+
+    def _forward_output(self, tokens: Sequence[int]) -> TurnOutput:
+        """``decode_new_tokens`` of tokens the forward pass decided (``generated: False``),
+        memoised: the same answers recur across turns and scenarios, and decoding is a pure
+        function of the tokens."""
+        key = tuple(tokens)
+        out = self._decoded.get(key)
+        if out is None:
+            out = dataclasses.replace(decode_new_tokens(self.loaded, key), generated=False)
+            self._decoded[key] = out
+        return out
 
     def _calibration(
         self, plans: list[_Plan], logits: Any, column: dict[int, int], cache: Any
@@ -535,7 +609,7 @@ class FastDecoder:
                 )
         generated = (
             self._generate_rows(
-                [(row, plans[row].turns[n].prompt.ids, 0) for row, n in picked], cache, True
+                [(cache, row, plans[row].turns[n].prompt.ids, 0) for row, n in picked], True
             )
             if picked
             else None
@@ -605,7 +679,7 @@ class FastDecoder:
         used = next((k + 1 for k, t in enumerate(new) if t in self._stop), len(new))
         return list(new[:used])
 
-    def _generate_many(self, pending: list[_Pending], cache: Any) -> list[TurnOutput]:
+    def _generate_many(self, pending: list[_Pending]) -> list[TurnOutput]:
         """Greedy ``generate`` for these turns, batched, continuing each from its draft with
         the cached keys/values of its prompt and draft (cut out of the forward pass)."""
         self.stats["generated"] += len(pending)
@@ -614,11 +688,14 @@ class FastDecoder:
         results: dict[int, TurnOutput] = {}
         order = sorted(range(len(pending)), key=lambda i: -pending[i].length)
         chunks: list[list[int]] = []
+        # A generate step feeds one token per row: rows are cheap, calls are not. Equal
+        # shares (139 turns: 70 + 69, not 128 + 11): every call runs as many steps as its
+        # slowest row, whatever its size.
+        calls = max(1, math.ceil(len(pending) / self._generate_rows_cap))
+        rows_cap = math.ceil(len(pending) / calls)
         for i in order:
             chunk = chunks[-1] if chunks else []
             width = pending[chunk[0]].length if chunk else 0
-            # A generate step feeds one token per row: rows are cheap, calls are not.
-            rows_cap = GENERATE_ROWS_FACTOR * self.batch_size
             if (
                 chunk
                 and len(chunk) < rows_cap
@@ -628,14 +705,15 @@ class FastDecoder:
             else:
                 chunks.append([i])
         for chunk in chunks:
-            outs = self._generate_chunk([pending[k] for k in chunk], cache)
+            outs = self._generate_chunk([pending[k] for k in chunk])
             results.update(zip(chunk, outs, strict=True))
         self.seconds["generate"] += time.perf_counter() - started
         return [results[k] for k in range(len(pending))]
 
-    def _generate_chunk(self, rows: list[_Pending], cache: Any) -> list[TurnOutput]:
+    def _generate_chunk(self, rows: list[_Pending]) -> list[TurnOutput]:
+        self.stats["generate_calls"] += 1
         generated = self._generate_rows(
-            [(p.row, [*p.turn.prompt.ids, *p.draft], len(p.draft)) for p in rows], cache, False
+            [(p.cache, p.row, [*p.turn.prompt.ids, *p.draft], len(p.draft)) for p in rows], False
         )
         if generated is None:
             self.stats["generated_without_cache"] += len(rows)
@@ -658,11 +736,12 @@ class FastDecoder:
         return results
 
     def _generate_rows(
-        self, rows: list[tuple[int, Sequence[int], int]], cache: Any, full_logits: bool
+        self, rows: list[tuple[Any, int, Sequence[int], int]], full_logits: bool
     ) -> list[tuple[list[int], list[Any]]] | None:
-        """One batched greedy ``generate``: for each ``(row, ids, drafted)``, continue ``ids``
-        (a prompt plus ``drafted`` tokens already decided) with the cache of ``row``'s first
-        ``len(ids) - 1`` positions; only the last token and the new ones are computed.
+        """One batched greedy ``generate``: for each ``(cache, row, ids, drafted)``, continue
+        ``ids`` (a prompt plus ``drafted`` tokens already decided) with the first
+        ``len(ids) - 1`` positions of row ``row`` of ``cache``; only the last token and the
+        new ones are computed.
 
         Returns per row the new tokens and, per step, the fp32 logits (``full_logits``) or
         the top-1/top-2 margin; ``None`` when the cache cannot be cut (see
@@ -671,19 +750,19 @@ class FastDecoder:
         # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
-        prefix = _left_padded_cache(cache, [(row, len(ids) - 1) for row, ids, _ in rows])
+        prefix = _left_padded_cache([(cache, row, len(ids) - 1) for cache, row, ids, _ in rows])
         if prefix is None:
             return None
-        width = max(len(ids) for _, ids, _ in rows)
+        width = max(len(ids) for _, _, ids, _ in rows)
         # Left padding, as for any batched ``generate``: every input ends at the same column, the
         # mask hides the padding and ``generate`` derives each row's positions from the mask.
         input_ids = torch.full((len(rows), width), self.loaded.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (_, ids, _) in enumerate(rows):
+        for r, (_, _, ids, _) in enumerate(rows):
             input_ids[r, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
             mask[r, width - len(ids) :] = 1
         device = self.loaded.device
-        budget = self.max_new_tokens - min(drafted for _, _, drafted in rows)
+        budget = self.max_new_tokens - min(drafted for _, _, _, drafted in rows)
         with torch.inference_mode():
             out = self.loaded.model.generate(
                 input_ids=input_ids.to(device),
@@ -711,37 +790,53 @@ class _Pending:
     turn_no: int
     turn: _Turn
     draft: tuple[int, ...]
+    #: the forward pass's cache, whose row ``row`` holds this turn's prompt and draft
+    cache: Any
+    #: which of the batches held for generation this turn belongs to
+    batch: int = 0
 
     @property
     def length(self) -> int:
         return len(self.turn.prompt.ids) + len(self.draft)
 
 
-def _left_padded_cache(cache: Any, rows: list[tuple[int, int]]) -> Any:
-    """A fresh ``DynamicCache`` with, for each ``(row, length)``, the first ``length`` cached
-    positions of ``row`` of ``cache``, right-aligned (left padding with zeros, masked later).
+def _left_padded_cache(rows: list[tuple[Any, int, int]]) -> Any:
+    """A fresh ``DynamicCache`` with, for each ``(cache, row, length)``, the first ``length``
+    cached positions of ``row`` of ``cache``, right-aligned (left padding with zeros, masked
+    later). The rows may come from the caches of different forward passes.
 
     Only plain full-attention layers can be cut this way (a sliding-window layer keeps only
     its window; other cache kinds hold no per-position tensors): ``None`` otherwise, and the
     turns are generated from scratch by the reference call.
     """
-    if cache is None or any(length < 1 for _, length in rows):
+    if any(cache is None or length < 1 for cache, _, length in rows):
         return None
-    layers = full_attention_kv(cache)  # transformers' cache layout: see compat.transformers
-    if layers is None:
+    # transformers' cache layout (one (keys, values) pair per layer): see compat.transformers
+    layouts: dict[int, list[tuple[Any, Any]]] = {}
+    for cache, _, _ in rows:
+        if id(cache) not in layouts:
+            layers = full_attention_kv(cache)
+            if layers is None:
+                return None
+            layouts[id(cache)] = layers
+    if len({len(layers) for layers in layouts.values()}) != 1:
         return None
-    width = max(length for _, length in rows)
+    width = max(length for _, _, length in rows)
     data = []
-    for keys, values in layers:
-        if keys is None or keys.dim() != 4 or keys.shape[-2] < width:
-            return None
+    for i in range(len(next(iter(layouts.values())))):
+        for cache, _, length in rows:
+            keys = layouts[id(cache)][i][0]
+            if keys is None or keys.dim() != 4 or keys.shape[-2] < length:
+                return None
+        keys, values = next(iter(layouts.values()))[i]
         # New tensors: the batch cache stays intact for the other turns (the copy-before-reuse
         # the transformers docs ask for).
         k = keys.new_zeros((len(rows), keys.shape[1], width, keys.shape[3]))
         v = values.new_zeros((len(rows), values.shape[1], width, values.shape[3]))
-        for r, (row, length) in enumerate(rows):
-            k[r, :, width - length :] = keys[row, :, :length]
-            v[r, :, width - length :] = values[row, :, :length]
+        for r, (cache, row, length) in enumerate(rows):
+            row_keys, row_values = layouts[id(cache)][i]
+            k[r, :, width - length :] = row_keys[row, :, :length]
+            v[r, :, width - length :] = row_values[row, :, :length]
         data.append((k, v))
     return dynamic_cache(data)
 

@@ -14,7 +14,15 @@ from typing import Any
 from pytest_memeval.compat.transformers import compile_chat_template
 from pytest_memeval.core.benchmark import Scenario
 
-__all__ = ["TurnPrompt", "conversation_ids", "render", "scenario_prompts", "turn_prompts"]
+__all__ = [
+    "TurnPrompt",
+    "conversation_ids",
+    "encode_many",
+    "prompt_texts",
+    "render",
+    "scenario_prompts",
+    "turn_prompts",
+]
 
 
 def render(
@@ -44,7 +52,7 @@ class TurnPrompt:
     target: str
 
 
-def _encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+def encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """``_encode`` of each text. A fast tokenizer's ``__call__`` on a batch is exactly one
     ``encode_batch`` of its Rust backend (plus Python-side padding/truncation, unused here);
     calling the backend directly skips that per-call overhead, which dominates for the
@@ -92,7 +100,7 @@ class _PrefixRenderer:
         return str(text)
 
 
-def _prompt_texts(tokenizer: Any, scenario: Scenario, conversation: str) -> list[str]:
+def prompt_texts(tokenizer: Any, scenario: Scenario, conversation: str) -> list[str]:
     """The text of every turn prompt; ``conversation`` is ``apply_chat_template``'s rendering
     of the whole scenario, the reference the shortcut is checked against."""
     ks = scenario.assistant_indices
@@ -111,8 +119,8 @@ def scenario_prompts(tokenizer: Any, scenario: Scenario) -> tuple[list[TurnPromp
     """Every turn prompt and the whole conversation's ids, rendering the conversation once."""
     conversation = render(tokenizer, scenario.messages, add_generation_prompt=False)
     ks = scenario.assistant_indices
-    texts = [*_prompt_texts(tokenizer, scenario, conversation), conversation]
-    *ids, full = _encode_many(tokenizer, texts)
+    texts = [*prompt_texts(tokenizer, scenario, conversation), conversation]
+    *ids, full = encode_many(tokenizer, texts)
     prompts = [
         TurnPrompt(k, tuple(i), scenario.messages[k]["content"])
         for k, i in zip(ks, ids, strict=True)

@@ -253,7 +253,11 @@ def _describe_disagreement(fast: Any) -> list[str]:
 
 
 def _compare(
-    loaded: Any, scenarios: list[Scenario], args: argparse.Namespace, max_new: int
+    loaded: Any,
+    scenarios: list[Scenario],
+    args: argparse.Namespace,
+    max_new: int,
+    calibrated: FastDecoder | None = None,
 ) -> tuple[Timing, Timing, Any, list[str]]:
     kwargs: dict[str, Any] = {}
     if args.batch_size is not None:
@@ -263,10 +267,13 @@ def _compare(
     if args.max_batch_tokens is not None:
         kwargs["max_batch_tokens"] = args.max_batch_tokens
     fast = FastDecoder(loaded, max_new, **kwargs)
+    if calibrated is not None:
+        # The calibration is once per loaded model (a worker calibrates once per run).
+        fast.adopt_calibration(calibrated)
     reference = ReferenceDecoder(loaded, max_new)
     # Warm both paths up (first calls allocate and import), outside the timings.
     warm = scenarios[:1]
-    FastDecoder(loaded, max_new, **kwargs).decode(warm)
+    FastDecoder(loaded, max_new, calibrate=False, **kwargs).decode(warm)
     reference.rollout(warm[0])
     ref = _run_reference(reference, scenarios)
     fst = _run_fast(fast, scenarios)
@@ -283,7 +290,7 @@ def _tokens(loaded: Any, scenarios: Sequence[Scenario]) -> int:
 
 
 def _growth(
-    loaded: Any, args: argparse.Namespace, profile: Any, max_new: int
+    loaded: Any, args: argparse.Namespace, profile: Any, max_new: int, calibrated: FastDecoder
 ) -> tuple[list[str], bool]:
     turns = [int(t) for t in str(args.turns).split(",") if t.strip()]
     if not turns:
@@ -296,7 +303,7 @@ def _growth(
     )
     lines = [
         f"growth with turns ({args.turns_n} generated {variant} scenarios each; seconds per "
-        "scenario):",
+        "scenario; the fast path's calibration measured once, above, and reused):",
         f"  {'turns':>5} {'tokens':>7} {'reference':>10} {'fast':>8} {'(prompts':>9} "
         f"{'forward':>8} {'generate)':>9} {'speedup':>8}  identical",
     ]
@@ -321,7 +328,7 @@ def _growth(
                 stdout=subprocess.DEVNULL,
             )
             scenarios = list(load_jsonl(out / variant / "val.jsonl").scenarios)
-            ref, fst, fast, differ = _compare(loaded, scenarios, args, max_new)
+            ref, fst, fast, differ = _compare(loaded, scenarios, args, max_new, calibrated)
             identical = identical and not differ
             n = len(scenarios)
             mean_turns = sum(len(s.assistant_indices) for s in scenarios) / n
@@ -405,7 +412,7 @@ def cli_main(args: argparse.Namespace) -> int:
     if differ:
         print(f"predictions differ in {len(differ)} scenarios: {shown_list(differ)}")
     try:
-        growth, growth_identical = _growth(loaded, args, profile, max_new)
+        growth, growth_identical = _growth(loaded, args, profile, max_new, fast)
     except subprocess.CalledProcessError as exc:
         return _fail(f"generating the growth benchmarks failed ({exc}); try --turns ''")
     for line in growth:
