@@ -35,6 +35,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_memeval.compat.attention import (
+    attention_implementation,
+    can_switch_attention,
+    switched_attention,
+)
 from pytest_memeval.compat.transformers import dynamic_cache, full_attention_kv
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.decode._types import Rollout, TurnOutput
@@ -57,9 +62,11 @@ __all__ = [
 ]
 
 #: Scenarios per forward pass (an upper bound; :data:`DEFAULT_MAX_BATCH_TOKENS` also applies),
-#: by device kind. On CPU, eager attention over a wide padded batch costs more than batching
-#: saves (measured on the demo model: 4 beats 1, 8 and 16); accelerators want wide batches.
-DEFAULT_BATCH_SIZES: dict[str, int] = {"cpu": 4}
+#: by device kind. On CPU, eager attention over a wide batch cost more than batching saved (4
+#: beat 1, 8 and 16); with the forward pass's causal sdpa (:data:`FORWARD_ATTENTION`) 4 to 16
+#: cost the same and 32 twice as much (see ``docs/decoding.md``, "Forward-pass batches"): 8
+#: keeps the scheduler's chunks under xdist small. Accelerators want wide batches.
+DEFAULT_BATCH_SIZES: dict[str, int] = {"cpu": 8}
 DEFAULT_ACCELERATOR_BATCH_SIZE = 16
 #: Rows per batched ``generate`` call, and turns pooled over consecutive forward passes before
 #: generating (``max_batch_tokens`` also bounds a call: rows x longest row). A generate step
@@ -68,6 +75,20 @@ DEFAULT_ACCELERATOR_BATCH_SIZE = 16
 GENERATE_ROWS = 128
 #: Padded tokens per forward pass (batch rows x longest row), bounding activation memory.
 DEFAULT_MAX_BATCH_TOKENS = 32768
+
+#: The attention implementation of the fast path's forward passes, by the one the model was
+#: loaded with (any other: unchanged), in the dtypes of :data:`FORWARD_ATTENTION_DTYPES`.
+#: Eager attention materialises batch x heads x width^2 scores; sdpa without a padding mask
+#: (see ``_decode_batch``) runs a causal kernel that does not. Measured on the demo (189
+#: scenarios, fp32, 2 threads, forward passes alone, 2026-12-01): 0.73-0.88 s eager at batch
+#: 4, 0.40-0.45 s sdpa at batch 4-16 (0.83 s at 32). A different computation of the same
+#: logits: the calibration measures it (kinds ``first``/``step`` compare this pass's logits
+#: with the reference call's, ``generate`` its cache's use) and the margin guard bounds it.
+FORWARD_ATTENTION: dict[str, str] = {"eager": "sdpa"}
+#: Where the switch applies: in 16-bit the guard counts ulps and assumes (PRIOR_ULPS) that the
+#: forward pass and ``generate``'s prefill mostly agree bit for bit, which the same kernel
+#: gives; another kernel there was not measured.
+FORWARD_ATTENTION_DTYPES = frozenset({"float32", "float64"})
 
 #: Bounds used where no measurement exists (a kind of decision the calibration did not see, or
 #: ``calibrate=False``): the fixed margins of earlier releases, far above any disagreement
@@ -214,6 +235,10 @@ class FastDecoder:
     ``prefetch(scenarios)`` decodes a group of scenarios in length-sorted batches and keeps
     their rollouts until ``rollout`` asks for them; ``rollout`` of a scenario not prefetched
     decodes it alone. ``stats`` counts what was decided how (for ``memeval bench`` and tests).
+
+    ``forward_attention``: the attention implementation of the forward passes (``"auto"``:
+    :data:`FORWARD_ATTENTION`; ``None``: the one the model was loaded with); ``generate``
+    always runs with the model's own.
     """
 
     path = "fast"
@@ -242,6 +267,7 @@ class FastDecoder:
         margin: float | None = None,
         calibrate: bool | None = None,
         calibration_turns: int = CALIBRATION_TURNS,
+        forward_attention: str | None = "auto",
     ) -> None:
         if batch_size is None:
             kind = str(loaded.device).split(":")[0]
@@ -283,6 +309,15 @@ class FastDecoder:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
         self._position_ids = "position_ids" in params
+        if forward_attention == "auto":
+            loaded_with = attention_implementation(loaded.model)
+            forward_attention = (
+                FORWARD_ATTENTION.get(loaded_with or "")
+                if can_switch_attention(loaded.model) and loaded.dtype in FORWARD_ATTENTION_DTYPES
+                else None
+            )
+        #: the attention implementation of the forward passes (``None``: the model's own)
+        self.forward_attention = forward_attention
         self._unsafe = unsafe_generation_settings(getattr(loaded.model, "generation_config", None))
 
     def adopt_calibration(self, other: FastDecoder) -> bool:
@@ -476,7 +511,11 @@ class FastDecoder:
                 for j in range(len(t.expected))
             }
         )
-        kwargs: dict[str, Any] = {"attention_mask": mask.to(device), "use_cache": True}
+        # No padding mask: rows are right-padded and attention is causal, so a real position
+        # only ever sees real positions before it; the padding's outputs are never read (no
+        # logit is kept there, no generate reuses its cache). Without a mask, sdpa runs its
+        # causal kernel instead of materialising batch x heads x width^2 scores.
+        kwargs: dict[str, Any] = {"use_cache": True}
         if self._position_ids:
             # What ``generate`` passes (positions from the mask): with right padding every
             # real token gets its own index, exactly as in the reference path's prefill.
@@ -487,7 +526,7 @@ class FastDecoder:
             kwargs["logits_to_keep"] = torch.tensor(needed, dtype=torch.long, device=device)
             column = {pos: i for i, pos in enumerate(needed)}
         started = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), switched_attention(self.loaded.model, self.forward_attention):
             out = self.loaded.model(input_ids=ids.to(device), **kwargs)
             # Argmax and margins in fp32, as ``generate`` upcasts its next-token logits and
             # takes ``argmax`` (so exact ties break the same way).
