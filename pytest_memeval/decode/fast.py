@@ -43,6 +43,7 @@ from pytest_memeval.compat.attention import (
 from pytest_memeval.compat.transformers import dynamic_cache, full_attention_kv
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.decode._types import Rollout, TurnOutput
+from pytest_memeval.decode.batches import length_batches
 from pytest_memeval.decode.reference import (
     decode_new_tokens,
     generate_from,
@@ -369,9 +370,7 @@ class FastDecoder:
                 results[pos] = self._reference_rollout(prompts, reason)
             else:
                 plans.append((pos, plan))
-        # Longest first: the first batch fixes the largest activation size, so running out of
-        # memory shows at once; similar lengths share batches, so little padding is computed.
-        plans.sort(key=lambda p: -len(p[1].full))
+        # Longest first, similar lengths together (see ``batches.py``).
         # The turns the forward passes do not settle are pooled over consecutive batches and
         # generated together: a generate step costs about the same for 4 rows as for 64, so
         # fewer, fuller calls (each forward pass's cache is kept until its turns are done).
@@ -414,19 +413,12 @@ class FastDecoder:
                     done, self.path, tail, batch=len(batch), batch_size=self.batch_size
                 )
 
-    def _batches(self, plans: list[tuple[int, _Plan]]) -> Iterable[list[tuple[int, _Plan]]]:
-        batch: list[tuple[int, _Plan]] = []
-        for item in plans:
-            # Sorted longest first, so the batch's first row sets its padded width.
-            width = len(batch[0][1].full) if batch else len(item[1].full)
-            if batch and (
-                len(batch) >= self.batch_size or (len(batch) + 1) * width > self.max_batch_tokens
-            ):
-                yield batch
-                batch = []
-            batch.append(item)
-        if batch:
-            yield batch
+    def _batches(self, plans: list[tuple[int, _Plan]]) -> list[list[tuple[int, _Plan]]]:
+        """``plans`` in forward passes of similar lengths (:func:`~.batches.length_batches`)."""
+        groups = length_batches(
+            [len(p.full) for _, p in plans], self.batch_size, self.max_batch_tokens
+        )
+        return [[plans[i] for i in group] for group in groups]
 
     def _plan(self, scenario: Scenario) -> tuple[_Plan | None, list[TurnPrompt], str]:
         """The scenario's teacher-forced plan, or ``None`` and why the fast path cannot hold."""

@@ -1,0 +1,43 @@
+"""Batch composition for the fast path's forward passes: similar lengths share a batch.
+
+Rows of a forward pass are right-padded to the longest row, and every padded position is
+computed like a real one; so the scenarios a decoder has been handed (a prefetch window under
+pytest, the whole list in ``memeval bench``) are sorted by length, longest first, and cut
+into consecutive runs. Longest first: the first batch is the widest, so a batch that does not
+fit in memory fails at once rather than at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["length_batches", "padded_tokens"]
+
+
+def length_batches(
+    lengths: Sequence[int], batch_size: int, max_batch_tokens: int
+) -> list[list[int]]:
+    """Indices into ``lengths`` grouped into forward passes: sorted by length, longest first
+    (ties in input order), each batch at most ``batch_size`` rows and, unless one row alone
+    exceeds it, at most ``max_batch_tokens`` padded tokens (rows x its longest row)."""
+    if batch_size < 1 or max_batch_tokens < 1:
+        raise ValueError("batch_size and max_batch_tokens must be >= 1")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        batch = batches[-1] if batches else None
+        # Sorted longest first: a batch's first row sets its padded width.
+        if (
+            batch is not None
+            and len(batch) < batch_size
+            and (len(batch) + 1) * lengths[batch[0]] <= max_batch_tokens
+        ):
+            batch.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:
+    """Positions the forward passes of ``batches`` compute, padding included."""
+    return sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
