@@ -142,7 +142,7 @@ class MemevalController:
         self.journal.open(truncate=self.resumed is None, header=journal_header(self.state))
         # Where the records are, for a run stopped later by a failing replacement worker
         # (startup.StartupWatch): its message must not say that nothing was written.
-        self.state.extra["journal"] = str(self.journal.path)
+        self.state.journal = str(self.journal.path)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -170,7 +170,7 @@ class MemevalController:
             # Nothing was evaluated on purpose: the run directory is not this session's.
             self.journal.close()
             return
-        if self.state.extra.get("startup_failure"):
+        if self.state.startup_failure:
             # A worker (or this process) could not start or load the model: the run directory
             # keeps whatever it held (startup.py); records of scenarios evaluated before a
             # replacement worker failed stay in this run's journal (the message says where).
@@ -228,7 +228,7 @@ class MemevalController:
             benchmark={"source": self.state.benchmark.source},
             wall_s=round(wall, 3),
             # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
-            overrides=self.state.extra.get("overrides", {}),
+            overrides=self.state.overrides,
         )
         try:
             # The journal holds the records this controller appended from the workers'
@@ -472,7 +472,7 @@ class _XdistSelection:
         state = self.controller.state
         wi = node.workerinput
         wi["memeval_profile"] = profile_to_plain(state.profile)
-        wi["memeval_overrides"] = state.extra.get("overrides", {})
+        wi["memeval_overrides"] = state.overrides
         wi["memeval_run_dir"] = str(state.run_dir)
         wi["memeval_decode_path"] = state.decode_path
         spec = getattr(getattr(node, "gateway", None), "spec", None)
