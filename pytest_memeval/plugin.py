@@ -34,7 +34,7 @@ from pytest_memeval.runtime.eval_items import scenario_param
 # registers them with this plugin.
 from pytest_memeval.runtime.fixtures import memeval_decoder, memeval_record, memeval_scenario
 from pytest_memeval.runtime.resume import register_worker_resume
-from pytest_memeval.runtime.session import DECODE_PATHS, REPLAY_SOURCE, build_state
+from pytest_memeval.runtime.session import DECODE_PATHS, build_state
 from pytest_memeval.runtime.startup import EarlyLoad, StartupWatch
 from pytest_memeval.runtime.state import STATE_KEY, is_worker, workerinput
 from pytest_memeval.runtime.worker import MemevalWorker
@@ -238,7 +238,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     )
     if p.kind == "model":
         lines.append(f"memeval: model {p.model}, adapter {p.adapter or 'none'}")
-    overridden = describe_overrides(state.extra.get("overrides", {}))
+    overridden = describe_overrides(state.overrides)
     if overridden:
         lines.append(f"memeval: overridden on the command line: {overridden}")
     if state.shard is not None:
@@ -285,7 +285,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def default_decoder(config: pytest.Config, profile: Profile, path: str, device: str) -> Decoder:
     """Load the profile's checkpoint and build its decoder (the default make_decoder)."""
     if profile.kind == "replay":
-        return ReplayDecoder(config.stash[STATE_KEY].extra[REPLAY_SOURCE])
+        source = config.stash[STATE_KEY].replay_source
+        assert source is not None  # build_state loads it for every replay profile
+        return ReplayDecoder(source)
     assert profile.model is not None
     settings = profile.generation
     loaded = load_model(

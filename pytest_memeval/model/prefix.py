@@ -5,10 +5,10 @@ The fast path needs, for every assistant message ``k`` of a scenario, the token 
 prompt (``prompts.scenario_prompts``: the chat template's rendering of ``messages[:k]`` with
 the generation prompt, tokenised) and the proof that those ids are a prefix of the whole
 conversation's ids. Tokenising every prompt in full costs O(turns x tokens) per scenario, the
-largest share of the fast path's own work on a small model. For most chat templates the
-prompt text ends with a special token (``<|assistant|>``, ``<|im_start|>``...) and is a
-*string* prefix of the conversation text; then its ids are provably the conversation's ids up
-to that token, with no further tokenisation:
+largest share of the fast path's own work on a small model. Where the prompt text ends with
+a special token (the demo's ``<|assistant|>``, Mistral's ``[/INST]``) and is a *string*
+prefix of the conversation text, its ids are provably the conversation's ids up to that
+token, with no further tokenisation:
 
 A ``tokenizers`` backend (every transformers "fast" tokenizer) encodes a string in this order
 (``tokenizers`` ``TokenizerImpl::encode_single_sequence``): (1) split the raw text on the
@@ -24,7 +24,8 @@ truncation and padding when configured. So when
   ``C[s:len(P)]`` (its offsets, with the previous token ending at or before ``s`` and the
   next starting at or after ``len(P)``), ``C[s:len(P)]`` is that token's content, and no
   added token of the tokenizer is ``normalized``, ``single_word``, ``lstrip`` or ``rstrip``
-  (whose matching looks at text around the match or after normalisation),
+  (whose matching looks at text around the match or after normalisation), and the backend
+  does not split special tokens (``encode_special_tokens``: step (1) then skips them),
 
 step (1) cuts ``P`` exactly where it cuts ``C`` up to ``len(P)`` (a leftmost-longest match
 in ``C`` that ends by ``len(P)`` is also one in ``P``, and nothing of ``P`` is left after the
@@ -33,8 +34,10 @@ and (3) give the same ids: ``encode(P) == encode(C)[:n]``. Such a prompt's ids a
 from the conversation's; any other prompt is tokenised in full and compared as before.
 
 As a guard against a ``tokenizers`` release that encodes differently from the steps above,
-the last (longest) prompt of every scenario is always tokenised in full too; if it differs
-from what the argument gives, every prompt of the scenario is tokenised in full.
+the longest prompt of every scenario whose ids the argument gives is tokenised in full too;
+if it differs from what the argument gives, every prompt of the scenario is tokenised in
+full. (Templates whose prompts end on plain text, e.g. ChatML's ``<|im_start|>assistant\n``,
+prove nothing here and are tokenised in full: see docs/decoding.md.)
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ def proven_scenario_prompts(
         and getattr(tokenizer, "is_fast", False)
         and backend.truncation is None
         and backend.padding is None
+        and not getattr(backend, "encode_special_tokens", False)
     ):
         added = _plain_added_tokens(backend)
     if backend is None or added is None:
@@ -106,14 +110,15 @@ def proven_scenario_prompts(
     for text in texts:
         n = ends.get(len(text))
         ids.append(full[:n] if n is not None and conversation.startswith(text) else None)
-    # The guard: the last prompt is tokenised in full whatever the argument says.
-    last = len(texts) - 1
-    todo = [k for k, i in enumerate(ids) if i is None or k == last]
+    # The guard: the longest prompt the argument covers is tokenised in full all the same.
+    covered = [k for k, i in enumerate(ids) if i is not None]
+    guard = covered[-1] if covered else None
+    todo = [k for k, i in enumerate(ids) if i is None or k == guard]
     encoded = dict(zip(todo, encode_many(tokenizer, [texts[k] for k in todo]), strict=True))
-    if ids[last] is not None and ids[last] != encoded[last]:
+    if guard is not None and ids[guard] != encoded[guard]:
         prompts, full = scenario_prompts(tokenizer, scenario)
         return prompts, full, 0
-    proven = sum(1 for k, i in enumerate(ids) if i is not None and k != last)
+    proven = len(covered) - 1 if covered else 0
     prompts = []
     for n, k in enumerate(scenario.assistant_indices):
         got = encoded.get(n, ids[n])

@@ -56,9 +56,19 @@ def encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """``_encode`` of each text. A fast tokenizer's ``__call__`` on a batch is exactly one
     ``encode_batch`` of its Rust backend (plus Python-side padding/truncation, unused here);
     calling the backend directly skips that per-call overhead, which dominates for the
-    O(turns^2) tokens of teacher-forced prompts."""
+    O(turns^2) tokens of teacher-forced prompts.
+
+    Only while the backend has no padding or truncation of its own: a ``tokenizer.json`` may
+    carry either, and the backend applies it (``__call__`` clears it first), which would pad
+    or cut every prompt, and differently depending on whether the tokenizer was called
+    before."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not getattr(tokenizer, "is_fast", False):
+    if (
+        backend is None
+        or not getattr(tokenizer, "is_fast", False)
+        or backend.padding is not None
+        or backend.truncation is not None
+    ):
         return [_encode(tokenizer, t) for t in texts]
     return [[int(i) for i in e.ids] for e in backend.encode_batch(texts, add_special_tokens=False)]
 

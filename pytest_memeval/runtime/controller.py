@@ -9,8 +9,10 @@ which ``memeval merge`` uses too).
 
 Where the files go (runlayout.py): each run journals into its own ``subsets/<time>/``
 directory and is promoted to the top of the run directory only if it finished, so a subset or
-interrupted run never replaces a finished one. The run directory is locked for the whole
-session (runlock.py).
+interrupted run never replaces a finished one. The run directory is locked (runlock.py) from
+the moment the session is known to evaluate something (collection selected an eval item;
+``--memeval-resume`` at configure, since it reads the journal) to the session's end, so a
+plain ``pytest tests/unit`` with ``--ckpt`` in ``addopts`` never collides with a running eval.
 """
 
 from __future__ import annotations
@@ -84,7 +86,10 @@ class MemevalController:
         #: where the finished files ended up, and the finished run a promotion kept
         self.written: Path | None = None
         self.kept_previous: Path | None = None
-        self.lock = _take_lock(config, self.run_dir, self.stage)
+        self.lock: RunLock | None = None
+        if config.getoption("memeval_resume", False):
+            # Before reading the journal: another session may be appending to it.
+            self.lock = _take_lock(config, self.run_dir, self.stage)
         self.journal = Journal(self.copy_journal or self.stage / JOURNAL)
         self.progress = Progress(interval_from(config))
         self.progress_reporter = ProgressReporter(self.progress, self._progress_total, config)
@@ -108,16 +113,28 @@ class MemevalController:
 
     # -- collection: which scenarios this run selected -------------------------------------
 
+    # tryfirst, and registered after EarlyLoad: the lock is taken (or refused) before this
+    # process loads the model for the items it selected.
+    @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if is_xdist_controller(session.config):
             return  # xdist controller: workers collect, see _XdistSelection
         self.selected = {sid for item in session.items if (sid := scenario_param(item))}
+        if self.selected:
+            self._lock_run_dir()
 
     def note_collected(self, nodeids: list[str]) -> None:
         scope = set(self.state.scope_ids)
         id_map = self.state.benchmark.id_map  # node ids hold pytest ids, not scenario ids
         found = {sid for nodeid in nodeids if (sid := id_map.scenario_of(nodeid)) in scope}
         self.selected = found if self.selected is None else self.selected | found
+        if found:
+            # Before xdist schedules any item: every worker reports its collection first.
+            self._lock_run_dir()
+
+    def _lock_run_dir(self) -> None:
+        if self.lock is None:
+            self.lock = _take_lock(self.config, self.run_dir, self.stage)
 
     # -- records -------------------------------------------------------------------------
 
@@ -142,7 +159,7 @@ class MemevalController:
         self.journal.open(truncate=self.resumed is None, header=journal_header(self.state))
         # Where the records are, for a run stopped later by a failing replacement worker
         # (startup.StartupWatch): its message must not say that nothing was written.
-        self.state.extra["journal"] = str(self.journal.path)
+        self.state.journal = str(self.journal.path)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -170,10 +187,15 @@ class MemevalController:
             # Nothing was evaluated on purpose: the run directory is not this session's.
             self.journal.close()
             return
-        if self.state.extra.get("startup_failure"):
+        if self.state.startup_failure:
             # A worker (or this process) could not start or load the model: the run directory
             # keeps whatever it held (startup.py); records of scenarios evaluated before a
             # replacement worker failed stay in this run's journal (the message says where).
+            self.journal.close()
+            return
+        if self.lock is None:
+            # No eval item was selected, or the lock was refused (another run holds the run
+            # directory): either way, nothing of this session may be written there.
             self.journal.close()
             return
         wall = time.time() - self.started
@@ -228,7 +250,7 @@ class MemevalController:
             benchmark={"source": self.state.benchmark.source},
             wall_s=round(wall, 3),
             # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
-            overrides=self.state.extra.get("overrides", {}),
+            overrides=self.state.overrides,
         )
         try:
             # The journal holds the records this controller appended from the workers'
@@ -472,7 +494,7 @@ class _XdistSelection:
         state = self.controller.state
         wi = node.workerinput
         wi["memeval_profile"] = profile_to_plain(state.profile)
-        wi["memeval_overrides"] = state.extra.get("overrides", {})
+        wi["memeval_overrides"] = state.overrides
         wi["memeval_run_dir"] = str(state.run_dir)
         wi["memeval_decode_path"] = state.decode_path
         spec = getattr(getattr(node, "gateway", None), "spec", None)

@@ -38,7 +38,6 @@ from pytest_memeval.runtime.state import MemevalState, workerinput
 
 __all__ = [
     "DECODE_PATHS",
-    "REPLAY_SOURCE",
     "build_state",
     "controller_profile",
     "decoding_fingerprint",
@@ -49,8 +48,6 @@ __all__ = [
 ]
 
 DECODE_PATHS = ("fast", "reference")
-#: ``MemevalState.extra`` key of a replay profile's checked predictions (a ReplaySource).
-REPLAY_SOURCE = "replay_source"
 
 
 def profiles_file(config: pytest.Config) -> Path:
@@ -167,12 +164,12 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
             scope_ids, shard = select_shard(benchmark.ids, config.getoption("memeval_shard"))
         except ShardError as exc:
             raise pytest.UsageError(str(exc)) from None
-    extra: dict[str, Any] = {}
+    replay_source = None
     if profile.kind == "replay":
         # The whole file against the benchmark, once, before any item: a bad file is one
         # usage error naming file, line, scenario and field, not an error per item.
         assert profile.predictions is not None
-        extra[REPLAY_SOURCE] = load_replay_source(profile.predictions, benchmark, scope_ids)
+        replay_source = load_replay_source(profile.predictions, benchmark, scope_ids)
     out = config.getoption("memeval_out")
     if wi is not None and wi.get("memeval_run_dir"):
         run_dir = Path(wi["memeval_run_dir"])
@@ -207,9 +204,7 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         if wi is not None
         else _fingerprints(profile, benchmark)
     )
-    if overlong:
-        extra["overlong"] = overlong
-    state = MemevalState(
+    return MemevalState(
         profile=profile,
         benchmark=benchmark,
         scope_ids=scope_ids,
@@ -217,10 +212,10 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         decode_path="replay" if profile.kind == "replay" else str(decode),
         fingerprints=fingerprints,
         shard=shard,
-        extra=extra,
+        overrides=overrides,
+        overlong=overlong,
+        replay_source=replay_source,
     )
-    state.extra["overrides"] = overrides
-    return state
 
 
 def run_preflight(

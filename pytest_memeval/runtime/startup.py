@@ -16,7 +16,7 @@ broken weight file) fails every item with the same traceback. Here:
   other reason (a conftest or plugin failing at configure) is read from the error xdist
   hands over (its traceback). Either way the whole run stops with that worker's message:
   no replacement workers, no item reports, and the run directory left as it was (the
-  controller writes nothing when ``state.extra["startup_failure"]`` is set). A replacement
+  controller writes nothing when ``state.startup_failure`` is set). A replacement
   worker (xdist restarts one that crashed mid-run) that fails the same way stops the run
   too; the scenarios evaluated before stay in the run's journal, and the message says where
   and to continue with ``--memeval-resume``.
@@ -188,7 +188,7 @@ class EarlyLoad:
         status, message = describe_load_failure(
             exc, where=where, what=what, device=self.worker.device_label
         )
-        self.state.extra["startup_failure"] = message
+        self.state.startup_failure = message
         if is_worker(self.config):
             # The worker's session ends with this usage error and sends its workeroutput;
             # the controller's StartupWatch reads the failure from there (plain data).
@@ -245,7 +245,7 @@ class StartupWatch:
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
         wid = self._id(node)
-        if self.state.extra.get("startup_failure"):
+        if self.state.startup_failure:
             return
         output = getattr(node, "workeroutput", None)
         reported = output.get(OUTPUT_KEY) if isinstance(output, dict) else None
@@ -258,7 +258,7 @@ class StartupWatch:
             status, message = parse_worker_error(error)
         if not message.startswith("pytest-memeval:"):
             message = f"worker {wid} failed to start: {message}"
-        journal = self.state.extra.get("journal")
+        journal = self.state.journal
         if journal:
             # A replacement worker failed after scenarios ran (the controller opened the
             # journal at the first record): they are kept, and can be continued.
@@ -266,7 +266,7 @@ class StartupWatch:
                 f" The run was stopped; the scenarios evaluated before are kept in {journal}: "
                 "rerun with --memeval-resume to evaluate only the others."
             )
-        self.state.extra["startup_failure"] = message
+        self.state.startup_failure = message
         if status == USAGE:
             raise pytest.UsageError(message)
         pytest.exit(message, returncode=INTERNAL)

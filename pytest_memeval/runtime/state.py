@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import pytest
 
 from pytest_memeval.core.benchmark import Benchmark, Scenario
 from pytest_memeval.core.profiles import Profile
+
+if TYPE_CHECKING:
+    from pytest_memeval.decode.replay import ReplaySource
 
 __all__ = [
     "STATE_KEY",
@@ -84,14 +88,20 @@ class MemevalState:
     decode_path: str
     fingerprints: dict[str, str | None]
     shard: tuple[int, int] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: what --memeval-model/--memeval-adapter/--memeval-set changed (profiles.apply_overrides)
+    overrides: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    #: --memeval-allow-overlong: id -> {"tokens", "limit"} of those past the context (preflight)
+    overlong: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: a replay profile's predictions, checked against the benchmark once at configure
+    replay_source: ReplaySource | None = None
+    #: the journal this run writes, once it is open (the controller's; startup.py names it)
+    journal: str | None = None
+    #: the one message of a failed model load or worker start-up: the run then writes nothing
+    startup_failure: str | None = None
 
-    @property
+    @cached_property
     def scenarios(self) -> dict[str, Scenario]:
-        cached = self.extra.get("_by_id")
-        if cached is None:
-            cached = self.extra["_by_id"] = self.benchmark.by_id()
-        return cast(dict[str, Scenario], cached)
+        return self.benchmark.by_id()
 
 
 STATE_KEY = pytest.StashKey[MemevalState]()

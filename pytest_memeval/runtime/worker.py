@@ -124,7 +124,7 @@ class MemevalWorker:
             ),
             **batched,
         )
-        overlong = self.state.extra.get("overlong", {}).get(scenario.id)
+        overlong = self.state.overlong.get(scenario.id)
         if overlong is not None:
             # Evaluated past the model's context on request (preflight.py): say so on the
             # record itself, so no reader of predictions.jsonl takes it for a normal result.

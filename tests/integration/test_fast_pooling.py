@@ -35,16 +35,34 @@ def _outputs(rollouts: Sequence[Rollout]) -> list[list[tuple[str, bool | None]]]
     return [[(o.text, o.stopped) for o in r.outputs] for r in rollouts]
 
 
-def test_turns_of_several_forward_passes_share_generate_calls(base_only: LoadedModel) -> None:
-    scenarios = _scenarios(5)
-    fast = FastDecoder(base_only, MAX_NEW, batch_size=1)
+@pytest.fixture(scope="module")
+def oracle() -> Iterator[LoadedModel]:
+    """The oracle adapter: its answers depend on the conversation's history, so a row
+    continued from another pass's cache (the wrong history) gives other answers."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield load_model(BASE_MODEL, ADAPTERS / "oracle")
+
+
+@pytest.mark.parametrize("which", ["base_only", "oracle"])
+def test_turns_of_several_forward_passes_share_generate_calls(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    loaded: LoadedModel = request.getfixturevalue(which)
+    scenarios = _scenarios(8)
+    fast = FastDecoder(loaded, MAX_NEW, batch_size=1)
     rollouts = fast.decode(scenarios)
-    reference = ReferenceDecoder(base_only, MAX_NEW)
+    reference = ReferenceDecoder(loaded, MAX_NEW)
     assert _outputs(rollouts) == _outputs([reference.rollout(s) for s in scenarios])
-    # Five forward passes of one scenario each; their undecided turns were generated in
+    # Eight forward passes of one scenario each; their undecided turns were generated in
     # fewer calls than passes, so rows of different passes' caches shared a call.
-    assert fast.stats["generated_mismatch"] > len(scenarios)
+    assert fast.stats["generated_mismatch"] > 1
     assert 0 < fast.stats["generate_calls"] < len(scenarios)
+    # ... and every one of them continued from its own pass's cache: none fell back to a
+    # generation without the cache or to the reference call (which would hide a wrong cut).
+    assert fast.stats["generated_without_cache"] == 0
+    assert fast.stats["generated_reference_rerun"] == 0
     assert all(r.batch == 1 for r in rollouts)
 
 
