@@ -111,6 +111,9 @@ def test_chunk_of_one_is_xdist_loadscope(pytester: pytest.Pytester) -> None:
 def test_two_workers_decode_full_batches(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from pytest_memeval.decode.fast import DEFAULT_BATCH_SIZES
+
+    batch = DEFAULT_BATCH_SIZES["cpu"]
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     memeval_project.write(demo_records("oracle", 10))
     runs = {}
@@ -118,18 +121,19 @@ def test_two_workers_decode_full_batches(
         out = memeval_project.path / "runs" / label
         result = memeval_project.run("--ckpt", "demo", "--memeval-out", str(out), *extra)
         result.stdout.fnmatch_lines(
-            ["throughput: * scenarios/s over * s (decode fast, mean batch *.* of 4)"]
+            [f"throughput: * scenarios/s over * s (decode fast, mean batch *.* of {batch})"]
         )
         metrics = json.loads((out / "metrics.json").read_text("utf-8"))
         predictions = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
         assert metrics["complete"] and len(predictions) == 10
         runs[label] = (metrics, predictions, result.stdout.lines)
     metrics, predictions, lines = runs["xdist"]
-    # 10 scenarios on two workers in chunks of 4: 4 + 4, then 1 + 1 (mean 3.4); one scope
-    # at a time (xdist's loadscope) would give batches of one or two.
-    assert metrics["timing"]["batch_size"] == 4
+    # 10 scenarios on two workers in chunks of up to the CPU batch, shrinking at the end of
+    # the queue (batch 4: 4 + 4, then 1 + 1, mean 3.4; batch 8: 5 + 3, then 1 + 1, mean 3.6);
+    # one scope at a time (xdist's loadscope) would give batches of one or two.
+    assert metrics["timing"]["batch_size"] == batch
     assert metrics["timing"]["mean_batch"] >= 3.0
-    assert {p["decode_batch"] for p in predictions} <= {1, 2, 3, 4}
+    assert {p["decode_batch"] for p in predictions} <= set(range(1, batch + 1))
     # Every item of a scenario ran on the worker that decoded it.
     placed: dict[str, set[str]] = {}
     for line in lines:
@@ -149,7 +153,7 @@ def test_chunk_is_the_fast_batch_size_of_the_workers_devices(pytester: pytest.Py
     from pytest_memeval.runtime.scheduler import chunk_size
 
     config = pytester.parseconfig("--dist", "load", "--tx", "2*popen")
-    assert chunk_size(config, "fast") == DEFAULT_BATCH_SIZES["cpu"] == 4
+    assert chunk_size(config, "fast") == DEFAULT_BATCH_SIZES["cpu"] == 8
     assert chunk_size(config, "reference") == 1
     binder = XdistDeviceBinder(DeviceSource(("0", "1"), "test"), 1, 1, "test", 2)
     config.pluginmanager.register(binder, BINDER_NAME)
