@@ -208,6 +208,12 @@ def _describe_stats(stats: Any) -> str:
         text += f"; {stats['forward_only']} wrong turns settled by the forward pass alone"
     if stats["draft_tokens"]:
         text += f"; {stats['draft_tokens']} tokens taken from the truth as a draft"
+    if stats["verify_passes"]:
+        text += (
+            f"; {stats['verified']} generated turns settled by the verification pass "
+            f"({stats['verify_passes']} passes, {stats['verify_tokens']} tokens accepted), "
+            f"{stats['generate_turns']} left to generate"
+        )
     if stats["reference_scenarios"]:
         text += f"; {stats['reference_scenarios']} scenarios on the reference path"
     return text
@@ -228,6 +234,7 @@ def _describe_disagreement(fast: Any) -> list[str]:
         "first": "first answer token (forward pass vs generate's prefill)",
         "step": "later answer tokens (forward pass vs generate's cached steps)",
         "generate": "fast generate (cropped cache, batched) vs the reference call",
+        "verify": "verification pass (cached multi-token forward) vs the reference call",
     }
     lines = ["  logit disagreement with the reference computation, max |delta| per position:"]
     for kind, label in labels.items():
@@ -403,8 +410,10 @@ def cli_main(args: argparse.Namespace) -> int:
         print(line)
     print(
         "  seconds: {prompts:.2f} building prompts (shared with the reference path), "
-        "{forward:.2f} forward passes, {generate:.2f} generate, {calibration:.2f} "
-        "calibration".format(**{"calibration": 0.0, **fast.seconds})
+        "{forward:.2f} forward passes, {verify:.2f} verification passes, {generate:.2f} "
+        "generate, {calibration:.2f} calibration".format(
+            **{"calibration": 0.0, "verify": 0.0, **fast.seconds}
+        )
     )
     if args.device != "cpu" and torch.cuda.is_available() and args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**30
