@@ -824,9 +824,14 @@ class FastDecoder:
                     self.stats["verify_tokens"] += len(accepted)
                     if settled:
                         self.stats["verified"] += 1
+                        # the guess accepted to its end (else the model's own stop ended it)
+                        self.stats["verified_guess"] += list(guess) == accepted
                         results[i] = self._forward_output([*item.draft, *accepted])
                         continue
+                    # left the guess: counted once per turn, whatever the round
+                    self.stats["verify_left_guess"] += own and not item.grown
                     if accepted:
+                        item.grown = True
                         item.draft = (*item.draft, *accepted)
                         item.cache, item.cache_row, item.offset = cache, r, start
                         if own:
@@ -927,6 +932,7 @@ class FastDecoder:
         if not pending:
             return []
         self.stats["generate_turns"] += len(pending)
+        self.stats["generate_grown_drafts"] += sum(p.grown for p in pending)
         started = time.perf_counter()
         results: dict[int, TurnOutput] = {}
         for chunk in self._chunks([p.length for p in pending]):
@@ -1030,6 +1036,8 @@ class _Pending:
     #: the row and first column of ``cache`` holding this turn (``cache_row`` -1: ``row``)
     offset: int = 0
     cache_row: int = -1
+    #: True once a verification pass made ``draft`` longer
+    grown: bool = False
 
     def __post_init__(self) -> None:
         if self.cache_row < 0:

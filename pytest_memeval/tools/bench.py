@@ -212,7 +212,8 @@ def _describe_stats(stats: Any) -> str:
         text += (
             f"; {stats['verified']} generated turns settled by the verification pass "
             f"({stats['verify_passes']} passes, {stats['verify_tokens']} tokens accepted), "
-            f"{stats['generate_turns']} left to generate"
+            f"{stats['generate_turns']} left to generate ({stats['generate_grown_drafts']} "
+            "from a draft the pass made longer)"
         )
     if stats["reference_scenarios"]:
         text += f"; {stats['reference_scenarios']} scenarios on the reference path"
