@@ -313,7 +313,7 @@ def _growth(
         f"growth with turns ({args.turns_n} generated {variant} scenarios each; seconds per "
         "scenario; the fast path's calibration measured once, above, and reused):",
         f"  {'turns':>5} {'tokens':>7} {'reference':>10} {'fast':>8} {'(prompts':>9} "
-        f"{'forward':>8} {'generate)':>9} {'speedup':>8}  identical",
+        f"{'forward':>8} {'verify':>8} {'generate)':>9} {'speedup':>8}  identical",
     ]
     identical = True
     with tempfile.TemporaryDirectory(prefix="memeval-bench-") as tmp:
@@ -344,7 +344,7 @@ def _growth(
                 f"  {mean_turns:>5.1f} {_tokens(loaded, scenarios) / n:>7.0f} "
                 f"{ref.seconds / n:>10.4f} {fst.seconds / n:>8.4f} "
                 f"{fast.seconds['prompts'] / n:>9.4f} {fast.seconds['forward'] / n:>8.4f} "
-                f"{fast.seconds['generate'] / n:>9.4f} "
+                f"{fast.seconds['verify'] / n:>8.4f} {fast.seconds['generate'] / n:>9.4f} "
                 f"{ref.seconds / fst.seconds:>7.1f}x  {'yes' if not differ else 'NO'}"
             )
     return lines, identical
