@@ -826,6 +826,7 @@ class FastDecoder:
                         self.stats["verified"] += 1
                         # the guess accepted to its end (else the model's own stop ended it)
                         self.stats["verified_guess"] += list(guess) == accepted
+                        self.stats["verified_at_budget"] += accepted[-1] not in self._stop
                         results[i] = self._forward_output([*item.draft, *accepted])
                         continue
                     # left the guess: counted once per turn, whatever the round

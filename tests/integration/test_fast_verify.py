@@ -76,6 +76,8 @@ def test_demo_small_budget_stops_where_generate_stops(demo_base: LoadedModel) ->
     assert _outputs(out) == _reference(demo_base, scenarios, 3)
     assert fast.stats["verified"] > 0
     assert any(o.stopped is False for r in out for o in r.outputs)
+    # ... and the pass itself ended turns at the budget (not ``generate`` after it)
+    assert fast.stats["verified_at_budget"] > 0, fast.stats
 
 
 def test_rows_of_different_passes_and_lengths_share_a_verification_pass(
