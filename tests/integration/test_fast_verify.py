@@ -5,6 +5,7 @@ the model did not choose."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -15,8 +16,9 @@ from pytest_memeval.decode import Rollout
 from pytest_memeval.decode.fast import FastDecoder, _Pending
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model
+from pytest_memeval.tools.cli import main
 
-from ..conftest import ADAPTERS, BASE_MODEL, demo_records
+from ..conftest import ADAPTERS, BASE_MODEL, REPO, demo_records
 from ..families import CHECKPOINTS, FAMILIES, family_records
 
 MAX_NEW = 16
@@ -150,3 +152,33 @@ def test_sliding_window_families_cannot_verify_and_stay_exact(name: str) -> None
     assert fast.stats["verify_passes"] == 0
     assert fast.stats["verified"] == 0
     assert fast.stats["generated_without_cache"] == fast.stats["generated"]
+
+
+@pytest.mark.slow
+def test_bench_reports_the_verification_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "bench",
+            "--profiles",
+            str(REPO / "pyproject.toml"),
+            "-n",
+            "4",
+            "--turns",
+            "",
+            "--threads",
+            "1",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert re.search(
+        r"; [1-9]\d* generated turns settled by the verification pass \(\d+ passes, \d+ tokens "
+        r"accepted\), \d+ left to generate \(\d+ from a draft the pass made longer\)",
+        out,
+    ), out
+    assert re.search(
+        r"verification pass \(cached multi-token forward\) vs the reference call: max [\d.e-]+, "
+        r"p99 [\d.e-]+ over [1-9]\d* positions; bound",
+        out,
+    ), out
+    assert re.search(r"[\d.]+ forward passes, [\d.]+ verification passes, [\d.]+ generate", out)
+    assert out.strip().endswith("predictions identical: yes") and code == 0
