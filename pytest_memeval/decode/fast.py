@@ -7,8 +7,10 @@ reference path's ``generate`` sees at its first step, and at the later answer po
 logits it would see *if* it had produced the truth so far. Greedy decoding reproduces the
 truth exactly when the argmax at each answer position is the truth token and the argmax after
 it is a stop id; then the prediction is the truth, decoded as the reference decodes it. At
-every other turn this decoder runs a real greedy ``generate`` from the prefix's key/value
-cache (cropped out of the forward pass, so the history is not re-run).
+every other turn a verification pass (one batched cached forward pass over a guessed
+continuation of the turn, see :meth:`FastDecoder._verify_many`) settles what it can, and
+this decoder runs a real greedy ``generate`` for the rest from the prefix's key/value cache
+(cropped out of the forward pass, so the history is not re-run).
 
 "Exact" means: the same outputs as :class:`~.reference.ReferenceDecoder` for every turn, as
 long as no greedy decision of either path is a near tie. Two computations of the same logits

@@ -413,7 +413,7 @@ def cli_main(args: argparse.Namespace) -> int:
         "  seconds: {prompts:.2f} building prompts (shared with the reference path), "
         "{forward:.2f} forward passes, {verify:.2f} verification passes, {generate:.2f} "
         "generate, {calibration:.2f} calibration".format(
-            **{"calibration": 0.0, "verify": 0.0, **fast.seconds}
+            **{"calibration": 0.0, "verify": 0.0, "generate": 0.0, **fast.seconds}
         )
     )
     if args.device != "cpu" and torch.cuda.is_available() and args.device.startswith("cuda"):
