@@ -7,8 +7,10 @@ reference path's ``generate`` sees at its first step, and at the later answer po
 logits it would see *if* it had produced the truth so far. Greedy decoding reproduces the
 truth exactly when the argmax at each answer position is the truth token and the argmax after
 it is a stop id; then the prediction is the truth, decoded as the reference decodes it. At
-every other turn this decoder runs a real greedy ``generate`` from the prefix's key/value
-cache (cropped out of the forward pass, so the history is not re-run).
+every other turn a verification pass (one batched cached forward pass over a guessed
+continuation of the turn, see :meth:`FastDecoder._verify_many`) settles what it can, and
+this decoder runs a real greedy ``generate`` for the rest from the prefix's key/value cache
+(cropped out of the forward pass, so the history is not re-run).
 
 "Exact" means: the same outputs as :class:`~.reference.ReferenceDecoder` for every turn, as
 long as no greedy decision of either path is a near tie. Two computations of the same logits
@@ -114,7 +116,8 @@ MANTISSA_BITS: dict[str, int] = {"float32": 23, "float64": 52, "float16": 10, "b
 #: one ulp at about 2% of positions, which a small calibration sample can miss. Half an ulp
 #: for ``first`` is the smallest difference rounding to the dtype can leave.
 PRIOR_ULPS: dict[str, dict[str, float]] = {
-    dtype: {"first": 0.5, "step": 1.0, "generate": 1.0} for dtype in ("float16", "bfloat16")
+    dtype: {"first": 0.5, "step": 1.0, "generate": 1.0, "verify": 1.0}
+    for dtype in ("float16", "bfloat16")
 }
 
 #: Bound = SAFETY x (largest top-1/top-2 change the disagreement allows, i.e. twice the
@@ -131,8 +134,15 @@ CALIBRATION_TURNS = 12
 #: computation it stands in for: ``first``: the teacher-forced logits at a prompt's last
 #: position vs ``generate``'s prefill; ``step``: teacher-forced logits at later answer
 #: positions vs ``generate``'s cached steps; ``generate``: the fast path's batched generation
-#: from the cropped cache vs ``generate``'s steps on the full prompt.
-KINDS = ("first", "step", "generate")
+#: from the cropped cache vs ``generate``'s steps on the full prompt; ``verify``: the
+#: verification pass (one cached multi-token forward pass over a guessed continuation, see
+#: :meth:`FastDecoder._verify_many`) vs ``generate``'s steps on the full prompt.
+KINDS = ("first", "step", "generate", "verify")
+
+#: Rounds of the verification pass per pool of turns: each round checks a guessed
+#: continuation of every still-open turn in one batched cached forward pass; what it cannot
+#: settle continues from the longer draft in the next round, then in ``generate``.
+VERIFY_ROUNDS = 3
 
 #: Generation settings that make ``generate`` change logits (or stop) in greedy mode, with the
 #: values that leave greedy decisions alone. Any other value: the fast argument does not hold.
@@ -299,6 +309,10 @@ class FastDecoder:
         self.seconds: dict[str, float] = defaultdict(float)
         self._ready: dict[str, Rollout] = {}
         self._decoded: dict[tuple[int, ...], TurnOutput] = {}
+        #: answers seen (truth token sequences), and the answers each proper prefix starts
+        #: (guesses for the verification pass)
+        self._answer_counts: Counter[tuple[int, ...]] = Counter()
+        self._answers_by_prefix: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
         self._stop = frozenset(loaded.stop_ids)
         base = (
             loaded.model.get_base_model()
@@ -401,8 +415,19 @@ class FastDecoder:
         pool: list[_Pending],
         results: dict[int, Rollout],
     ) -> None:
-        """Generate the pooled turns, then complete the rollouts of the held batches."""
-        for item, generated in zip(pool, self._generate_many(pool), strict=True):
+        """Settle the pooled turns (verification pass, then ``generate`` for the rest), then
+        complete the rollouts of the held batches."""
+        for batch, _ in held:
+            for _, plan in batch:
+                self._learn_answers(plan)
+        self.stats["generated"] += len(pool)
+        self.stats["draft_tokens"] += sum(len(p.draft) for p in pool)
+        settled = self._verify_many(pool)
+        rest = [p for p, out in zip(pool, settled, strict=True) if out is None]
+        for item, out in zip(pool, settled, strict=True):
+            if out is not None:
+                held[item.batch][1][item.row][item.turn_no] = out
+        for item, generated in zip(rest, self._generate_many(rest), strict=True):
             held[item.batch][1][item.row][item.turn_no] = generated
         for batch, outputs in held:
             for (pos, plan), row in zip(batch, outputs, strict=True):
@@ -640,7 +665,7 @@ class FastDecoder:
                 )
         generated = (
             self._generate_rows(
-                [(cache, row, plans[row].turns[n].prompt.ids, 0) for row, n in picked], True
+                [(cache, row, 0, plans[row].turns[n].prompt.ids, 0) for row, n in picked], True
             )
             if picked
             else None
@@ -651,6 +676,18 @@ class FastDecoder:
                     if new[:j] != fast_new[:j]:
                         break
                     self._measure("generate", a, b)
+        if picked:
+            # The verification pass over the reference's own tokens: at position k it sees
+            # the prompt and the reference's first k tokens, as the reference's step k did.
+            fed_rows = []
+            for (row, n), (new, steps) in zip(picked, references, strict=True):
+                ids = plans[row].turns[n].prompt.ids
+                fed_rows.append((cache, row, 0, len(ids) - 1, [ids[-1], *new[: len(steps) - 1]]))
+            verified = self._verify_rows(fed_rows, True)
+            if verified is not None:
+                for (_, steps), fast_steps in zip(references, verified[2], strict=True):
+                    for a, b in zip(fast_steps, steps, strict=True):
+                        self._measure("verify", a, b)
         self.stats["calibration_turns"] += len(picked)
         if self._calibrate_bounds:
             for kind in KINDS:
@@ -710,23 +747,19 @@ class FastDecoder:
         used = next((k + 1 for k, t in enumerate(new) if t in self._stop), len(new))
         return list(new[:used])
 
-    def _generate_many(self, pending: list[_Pending]) -> list[TurnOutput]:
-        """Greedy ``generate`` for these turns, batched, continuing each from its draft with
-        the cached keys/values of its prompt and draft (cut out of the forward pass)."""
-        self.stats["generated"] += len(pending)
-        self.stats["draft_tokens"] += sum(len(p.draft) for p in pending)
-        started = time.perf_counter()
-        results: dict[int, TurnOutput] = {}
-        order = sorted(range(len(pending)), key=lambda i: -pending[i].length)
+    def _chunks(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices of rows (longest first) in chunks for one batched call each: at most
+        :attr:`_generate_rows_cap` rows, rows x longest row at most ``max_batch_tokens``."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         chunks: list[list[int]] = []
         # A generate step feeds one token per row: rows are cheap, calls are not. Equal
         # shares (139 turns: 70 + 69, not 128 + 11): every call runs as many steps as its
         # slowest row, whatever its size.
-        calls = max(1, math.ceil(len(pending) / self._generate_rows_cap))
-        rows_cap = math.ceil(len(pending) / calls)
+        calls = max(1, math.ceil(len(lengths) / self._generate_rows_cap))
+        rows_cap = math.ceil(len(lengths) / calls)
         for i in order:
             chunk = chunks[-1] if chunks else []
-            width = pending[chunk[0]].length if chunk else 0
+            width = lengths[chunk[0]] if chunk else 0
             if (
                 chunk
                 and len(chunk) < rows_cap
@@ -735,7 +768,208 @@ class FastDecoder:
                 chunk.append(i)
             else:
                 chunks.append([i])
-        for chunk in chunks:
+        return chunks
+
+    def _learn_answers(self, plan: _Plan) -> None:
+        """Index the plan's answers (truth token sequences) by their prefixes: the
+        verification pass guesses that a turn which left its truth says another answer of
+        the benchmark that starts as the turn's draft does."""
+        for turn in plan.turns:
+            answer = turn.expected
+            if not answer:
+                continue
+            if answer not in self._answer_counts:
+                for length in range(1, len(answer)):
+                    self._answers_by_prefix.setdefault(answer[:length], set()).add(answer)
+            self._answer_counts[answer] += 1
+
+    def _guess(self, item: _Pending) -> tuple[int, ...]:
+        """The guessed continuation of ``item``'s draft: the most frequent known answer that
+        starts with the draft, else the truth from the draft's length on (a wrong word in an
+        otherwise right answer); cut after a stop id and to the token budget. Only a guess:
+        the verification pass accepts nothing the model does not produce itself."""
+        draft = item.draft
+        known = self._answers_by_prefix.get(draft)
+        if known:
+            best = max(known, key=lambda a: (self._answer_counts[a], a))
+            guess = best[len(draft) :]
+        else:
+            guess = item.turn.expected[len(draft) :]
+        # Position i of the pass decides answer token len(draft) + i: the last useful one is
+        # the max_new_tokens-th, so at most max_new_tokens - len(draft) - 1 guessed tokens.
+        guess = guess[: max(0, self.max_new_tokens - len(draft) - 1)]
+        stop = next((k + 1 for k, t in enumerate(guess) if t in self._stop), len(guess))
+        return guess[:stop]
+
+    def _verify_many(self, pool: list[_Pending]) -> list[TurnOutput | None]:
+        """Settle what it can of ``pool`` with verification passes instead of ``generate``.
+
+        Each pending turn whose draft ends with the model's own token (it left the truth with
+        a clear margin) gets a guessed continuation (:meth:`_guess`); one batched cached
+        forward pass over ``[last draft token, *guess]`` per chunk computes, at every guessed
+        position, the logits greedy decoding sees if the guess is right so far. Greedy
+        decoding is proven to produce each argmax whose margin clears the ``verify`` bound,
+        as long as all earlier guessed tokens were produced: the longest such prefix is
+        accepted, plus the model's own token where it leaves the guess. A turn whose accepted
+        tokens reach a stop id or ``max_new_tokens`` is settled (as ``generate`` stops:
+        :meth:`_used`); the others continue from the longer draft (next round, then
+        ``generate``), with the pass's cache. Returns per turn its output or ``None``.
+        """
+        results: list[TurnOutput | None] = [None] * len(pool)
+        started = time.perf_counter()
+        # A draft that is a prefix of the truth ended at a near tie (or is empty): that
+        # decision is ``generate``'s, as without the verification pass.
+        open_rows = [
+            i
+            for i, p in enumerate(pool)
+            if p.draft and p.draft != p.turn.expected[: len(p.draft)] and self._position_ids
+        ]
+        for _ in range(VERIFY_ROUNDS):
+            work = [(i, g) for i in open_rows if (g := self._guess(pool[i]))]
+            if not work:
+                break
+            open_rows = []
+            for chunk in self._chunks([pool[i].length + len(g) for i, g in work]):
+                rows = [work[k] for k in chunk]
+                verified = self._verify_rows(
+                    [
+                        (
+                            pool[i].cache,
+                            pool[i].cache_row,
+                            pool[i].offset,
+                            pool[i].length - 1,
+                            [pool[i].draft[-1], *g],
+                        )
+                        for i, g in rows
+                    ],
+                    False,
+                )
+                if verified is None:
+                    # The cache cannot be cut: ``generate`` decides (from the full prompt).
+                    self.seconds["verify"] += time.perf_counter() - started
+                    return results
+                cache, starts, checks = verified
+                for r, ((i, guess), start, (best, margin, top)) in enumerate(
+                    zip(rows, starts, checks, strict=True)
+                ):
+                    item = pool[i]
+                    accepted, settled, own = self._accept(item, guess, best, margin, top)
+                    self.stats["verify_tokens"] += len(accepted)
+                    if settled:
+                        self.stats["verified"] += 1
+                        # the guess accepted to its end (else the model's own stop ended it)
+                        self.stats["verified_guess"] += list(guess) == accepted
+                        self.stats["verified_at_budget"] += accepted[-1] not in self._stop
+                        results[i] = self._forward_output([*item.draft, *accepted])
+                        continue
+                    # left the guess: counted once per turn, whatever the round
+                    self.stats["verify_left_guess"] += own and not item.grown
+                    if accepted:
+                        item.grown = True
+                        item.draft = (*item.draft, *accepted)
+                        item.cache, item.cache_row, item.offset = cache, r, start
+                        if own:
+                            open_rows.append(i)
+        self.seconds["verify"] += time.perf_counter() - started
+        return results
+
+    def _accept(
+        self,
+        item: _Pending,
+        guess: Sequence[int],
+        best: Sequence[int],
+        margin: Sequence[float],
+        top: Sequence[float],
+    ) -> tuple[list[int], bool, bool]:
+        """What one row of a verification pass proves: ``(tokens greedy decoding produces
+        after the draft, whether they end the turn, whether the last is the model's own
+        token where it left the guess)``. Position ``k`` of the pass (after the draft and
+        ``guess[:k]``) counts only while every earlier position produced its guessed token."""
+        accepted: list[int] = []
+        for k in range(len(guess) + 1):
+            if not self._trusted("verify", margin[k], top[k]):
+                # A near tie: not decided here; ``generate`` decides it (with its own guard).
+                return accepted, False, False
+            got = best[k]
+            accepted.append(got)
+            if got in self._stop or len(item.draft) + len(accepted) >= self.max_new_tokens:
+                # Where greedy ``generate`` stops: the first stop id, or the token budget
+                # (counted from the answer's start, the draft included).
+                return accepted, True, False
+            if k == len(guess) or got != guess[k]:
+                return accepted, False, True
+        raise AssertionError("unreachable: the last position always returns")
+
+    def _verify_rows(
+        self, rows: Sequence[tuple[Any, int, int, int, Sequence[int]]], full_logits: bool
+    ) -> tuple[Any, list[int], list[Any]] | None:
+        """One batched cached forward pass: for each ``(cache, row, offset, cut, fed)``, the
+        ``cut`` positions of row ``row`` of ``cache`` from column ``offset`` on, then the
+        tokens ``fed``.
+
+        The cut caches are right-aligned (left padding, as for ``generate``), the fed tokens
+        start at the same column for every row (right padding after them); the mask hides
+        both paddings and each row's positions continue from its own length, as
+        ``generate`` numbers them. Returns the pass's cache, the column where each row's
+        tokens start in it, and per row, per fed token, its fp32 logits (``full_logits``)
+        or ``(argmax, top-1/top-2 margin, top logit)`` lists; ``None`` when the cache cannot
+        be cut (see :func:`_left_padded_cache`).
+        """
+        # Deferred: torch takes seconds to import; only a model run needs it.
+        import torch
+
+        prefix = _left_padded_cache([(c, r, offset, cut) for c, r, offset, cut, _ in rows])
+        if prefix is None or not self._position_ids:
+            return None
+        self.stats["verify_passes"] += 1
+        width = max(cut for _, _, _, cut, _ in rows)
+        span = max(len(fed) for *_, fed in rows)
+        input_ids = torch.full((len(rows), span), self.loaded.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width + span), dtype=torch.long)
+        positions = torch.zeros((len(rows), span), dtype=torch.long)
+        for r, (_, _, _, cut, fed) in enumerate(rows):
+            input_ids[r, : len(fed)] = torch.tensor(list(fed), dtype=torch.long)
+            mask[r, width - cut : width + len(fed)] = 1
+            # Padding after the fed tokens gets the next positions: masked, never attended to.
+            positions[r] = torch.arange(cut, cut + span)
+        device = self.loaded.device
+        with torch.inference_mode():
+            out = self.loaded.model(
+                input_ids=input_ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                use_cache=True,
+                **{self._cache_kw: prefix},
+            )
+            # In fp32, as ``generate`` upcasts its next-token logits before the argmax.
+            logits = out.logits.float()
+            if full_logits:
+                per_row: list[Any] = [
+                    logits[r, : len(fed)].cpu() for r, (*_, fed) in enumerate(rows)
+                ]
+            else:
+                best = logits.argmax(-1).cpu().tolist()
+                top = logits.topk(2, dim=-1).values
+                margin = (top[..., 0] - top[..., 1]).cpu().tolist()
+                top1 = top[..., 0].cpu().tolist()
+                per_row = [
+                    (best[r][: len(fed)], margin[r][: len(fed)], top1[r][: len(fed)])
+                    for r, (*_, fed) in enumerate(rows)
+                ]
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        starts = [width - cut for _, _, _, cut, _ in rows]
+        return cache, starts, per_row
+
+    def _generate_many(self, pending: list[_Pending]) -> list[TurnOutput]:
+        """Greedy ``generate`` for these turns, batched, continuing each from its draft with
+        the cached keys/values of its prompt and draft (cut out of the forward pass)."""
+        if not pending:
+            return []
+        self.stats["generate_turns"] += len(pending)
+        self.stats["generate_grown_drafts"] += sum(p.grown for p in pending)
+        started = time.perf_counter()
+        results: dict[int, TurnOutput] = {}
+        for chunk in self._chunks([p.length for p in pending]):
             outs = self._generate_chunk([pending[k] for k in chunk])
             results.update(zip(chunk, outs, strict=True))
         self.seconds["generate"] += time.perf_counter() - started
@@ -744,7 +978,11 @@ class FastDecoder:
     def _generate_chunk(self, rows: list[_Pending]) -> list[TurnOutput]:
         self.stats["generate_calls"] += 1
         generated = self._generate_rows(
-            [(p.cache, p.row, [*p.turn.prompt.ids, *p.draft], len(p.draft)) for p in rows], False
+            [
+                (p.cache, p.cache_row, p.offset, [*p.turn.prompt.ids, *p.draft], len(p.draft))
+                for p in rows
+            ],
+            False,
         )
         if generated is None:
             self.stats["generated_without_cache"] += len(rows)
@@ -767,12 +1005,12 @@ class FastDecoder:
         return results
 
     def _generate_rows(
-        self, rows: list[tuple[Any, int, Sequence[int], int]], full_logits: bool
+        self, rows: list[tuple[Any, int, int, Sequence[int], int]], full_logits: bool
     ) -> list[tuple[list[int], list[Any]]] | None:
-        """One batched greedy ``generate``: for each ``(cache, row, ids, drafted)``, continue
-        ``ids`` (a prompt plus ``drafted`` tokens already decided) with the first
-        ``len(ids) - 1`` positions of row ``row`` of ``cache``; only the last token and the
-        new ones are computed.
+        """One batched greedy ``generate``: for each ``(cache, row, offset, ids, drafted)``,
+        continue ``ids`` (a prompt plus ``drafted`` tokens already decided) with the
+        ``len(ids) - 1`` positions of row ``row`` of ``cache`` from column ``offset`` on;
+        only the last token and the new ones are computed.
 
         Returns per row the new tokens and, per step, the fp32 logits (``full_logits``) or
         the top-1/top-2 margin; ``None`` when the cache cannot be cut (see
@@ -781,19 +1019,21 @@ class FastDecoder:
         # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
-        prefix = _left_padded_cache([(cache, row, len(ids) - 1) for cache, row, ids, _ in rows])
+        prefix = _left_padded_cache(
+            [(cache, row, offset, len(ids) - 1) for cache, row, offset, ids, _ in rows]
+        )
         if prefix is None:
             return None
-        width = max(len(ids) for _, _, ids, _ in rows)
+        width = max(len(ids) for _, _, _, ids, _ in rows)
         # Left padding, as for any batched ``generate``: every input ends at the same column, the
         # mask hides the padding and ``generate`` derives each row's positions from the mask.
         input_ids = torch.full((len(rows), width), self.loaded.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (_, _, ids, _) in enumerate(rows):
+        for r, (_, _, _, ids, _) in enumerate(rows):
             input_ids[r, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
             mask[r, width - len(ids) :] = 1
         device = self.loaded.device
-        budget = self.max_new_tokens - min(drafted for _, _, _, drafted in rows)
+        budget = self.max_new_tokens - min(drafted for _, _, _, _, drafted in rows)
         with torch.inference_mode():
             out = self.loaded.model.generate(
                 input_ids=input_ids.to(device),
@@ -821,30 +1061,43 @@ class _Pending:
     turn_no: int
     turn: _Turn
     draft: tuple[int, ...]
-    #: the forward pass's cache, whose row ``row`` holds this turn's prompt and draft
+    #: the forward pass's cache, whose row ``row`` holds this turn's prompt and draft (but
+    #: the draft's last token) from column ``offset`` on; after a verification pass, that
+    #: pass's cache
     cache: Any
     #: which of the batches held for generation this turn belongs to
     batch: int = 0
+    #: the row and first column of ``cache`` holding this turn (``cache_row`` -1: ``row``)
+    offset: int = 0
+    cache_row: int = -1
+    #: True once a verification pass made ``draft`` longer
+    grown: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cache_row < 0:
+            self.cache_row = self.row
 
     @property
     def length(self) -> int:
         return len(self.turn.prompt.ids) + len(self.draft)
 
 
-def _left_padded_cache(rows: list[tuple[Any, int, int]]) -> Any:
-    """A fresh ``DynamicCache`` with, for each ``(cache, row, length)``, the first ``length``
-    cached positions of ``row`` of ``cache``, right-aligned (left padding with zeros, masked
-    later). The rows may come from the caches of different forward passes.
+def _left_padded_cache(rows: list[tuple[Any, int, int, int]]) -> Any:
+    """A fresh ``DynamicCache`` with, for each ``(cache, row, start, length)``, the ``length``
+    cached positions of ``row`` of ``cache`` from column ``start`` on, right-aligned (left
+    padding with zeros, masked later). The rows may come from the caches of different
+    forward passes (right-padded conversations: ``start`` 0; a verification pass's
+    left-padded cache: ``start`` is where the row's tokens begin).
 
     Only plain full-attention layers can be cut this way (a sliding-window layer keeps only
     its window; other cache kinds hold no per-position tensors): ``None`` otherwise, and the
     turns are generated from scratch by the reference call.
     """
-    if any(cache is None or length < 1 for cache, _, length in rows):
+    if any(cache is None or length < 1 or start < 0 for cache, _, start, length in rows):
         return None
     # transformers' cache layout (one (keys, values) pair per layer): see compat.transformers
     layouts: dict[int, list[tuple[Any, Any]]] = {}
-    for cache, _, _ in rows:
+    for cache, _, _, _ in rows:
         if id(cache) not in layouts:
             layers = full_attention_kv(cache)
             if layers is None:
@@ -852,22 +1105,22 @@ def _left_padded_cache(rows: list[tuple[Any, int, int]]) -> Any:
             layouts[id(cache)] = layers
     if len({len(layers) for layers in layouts.values()}) != 1:
         return None
-    width = max(length for _, _, length in rows)
+    width = max(length for _, _, _, length in rows)
     data = []
     for i in range(len(next(iter(layouts.values())))):
-        for cache, _, length in rows:
+        for cache, _, start, length in rows:
             keys = layouts[id(cache)][i][0]
-            if keys is None or keys.dim() != 4 or keys.shape[-2] < length:
+            if keys is None or keys.dim() != 4 or keys.shape[-2] < start + length:
                 return None
         keys, values = next(iter(layouts.values()))[i]
         # New tensors: the batch cache stays intact for the other turns (the copy-before-reuse
         # the transformers docs ask for).
         k = keys.new_zeros((len(rows), keys.shape[1], width, keys.shape[3]))
         v = values.new_zeros((len(rows), values.shape[1], width, values.shape[3]))
-        for r, (cache, row, length) in enumerate(rows):
+        for r, (cache, row, start, length) in enumerate(rows):
             row_keys, row_values = layouts[id(cache)][i]
-            k[r, :, width - length :] = row_keys[row, :, :length]
-            v[r, :, width - length :] = row_values[row, :, :length]
+            k[r, :, width - length :] = row_keys[row, :, start : start + length]
+            v[r, :, width - length :] = row_values[row, :, start : start + length]
         data.append((k, v))
     return dynamic_cache(data)
 

@@ -208,6 +208,13 @@ def _describe_stats(stats: Any) -> str:
         text += f"; {stats['forward_only']} wrong turns settled by the forward pass alone"
     if stats["draft_tokens"]:
         text += f"; {stats['draft_tokens']} tokens taken from the truth as a draft"
+    if stats["verify_passes"]:
+        text += (
+            f"; {stats['verified']} generated turns settled by the verification pass "
+            f"({stats['verify_passes']} passes, {stats['verify_tokens']} tokens accepted), "
+            f"{stats['generate_turns']} left to generate ({stats['generate_grown_drafts']} "
+            "from a draft the pass made longer)"
+        )
     if stats["reference_scenarios"]:
         text += f"; {stats['reference_scenarios']} scenarios on the reference path"
     return text
@@ -228,6 +235,7 @@ def _describe_disagreement(fast: Any) -> list[str]:
         "first": "first answer token (forward pass vs generate's prefill)",
         "step": "later answer tokens (forward pass vs generate's cached steps)",
         "generate": "fast generate (cropped cache, batched) vs the reference call",
+        "verify": "verification pass (cached multi-token forward) vs the reference call",
     }
     lines = ["  logit disagreement with the reference computation, max |delta| per position:"]
     for kind, label in labels.items():
@@ -305,7 +313,7 @@ def _growth(
         f"growth with turns ({args.turns_n} generated {variant} scenarios each; seconds per "
         "scenario; the fast path's calibration measured once, above, and reused):",
         f"  {'turns':>5} {'tokens':>7} {'reference':>10} {'fast':>8} {'(prompts':>9} "
-        f"{'forward':>8} {'generate)':>9} {'speedup':>8}  identical",
+        f"{'forward':>8} {'verify':>8} {'generate)':>9} {'speedup':>8}  identical",
     ]
     identical = True
     with tempfile.TemporaryDirectory(prefix="memeval-bench-") as tmp:
@@ -336,7 +344,7 @@ def _growth(
                 f"  {mean_turns:>5.1f} {_tokens(loaded, scenarios) / n:>7.0f} "
                 f"{ref.seconds / n:>10.4f} {fst.seconds / n:>8.4f} "
                 f"{fast.seconds['prompts'] / n:>9.4f} {fast.seconds['forward'] / n:>8.4f} "
-                f"{fast.seconds['generate'] / n:>9.4f} "
+                f"{fast.seconds['verify'] / n:>8.4f} {fast.seconds['generate'] / n:>9.4f} "
                 f"{ref.seconds / fst.seconds:>7.1f}x  {'yes' if not differ else 'NO'}"
             )
     return lines, identical
@@ -403,8 +411,10 @@ def cli_main(args: argparse.Namespace) -> int:
         print(line)
     print(
         "  seconds: {prompts:.2f} building prompts (shared with the reference path), "
-        "{forward:.2f} forward passes, {generate:.2f} generate, {calibration:.2f} "
-        "calibration".format(**{"calibration": 0.0, **fast.seconds})
+        "{forward:.2f} forward passes, {verify:.2f} verification passes, {generate:.2f} "
+        "generate, {calibration:.2f} calibration".format(
+            **{"calibration": 0.0, "verify": 0.0, "generate": 0.0, **fast.seconds}
+        )
     )
     if args.device != "cpu" and torch.cuda.is_available() and args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**30

@@ -40,7 +40,7 @@ def test_bench_prints_both_rates_the_growth_table_and_the_verdict(
     assert re.match(r"^fast: .* scenarios/s .*batch \d+, margin", lines[2])
     assert any(re.match(r"^  handed to the reference call: \d+ of \d+ turns \(", x) for x in lines)
     kinds = [x for x in lines if re.match(r"^    .*: max [\d.e-]+, p99 [\d.e-]+ over \d+ pos", x)]
-    assert len(kinds) == 3, lines
+    assert len(kinds) == 4, lines  # first, step, generate, verify
     growth = [line for line in lines if re.match(r"^\s+\d+\.\d\s+\d+\s", line)]
     assert len(growth) == 1 and growth[0].rstrip().endswith("yes")
     match = LAST_LINE.match(lines[-1])
