@@ -76,6 +76,11 @@ DEFAULT_ACCELERATOR_BATCH_SIZE = 16
 #: feeds one token per row, so its cost is mostly per call and per step, not per row: on the
 #: demo, 128 rows per call spend half the CPU time of 16.
 GENERATE_ROWS = 128
+#: Bytes of per-step logits one ``generate`` call may hold for the margin guard
+#: (``output_logits``: rows x steps x vocabulary in fp32, and a stacked copy): fewer rows per
+#: call where the vocabulary or ``max_new_tokens`` is large (Qwen's 151,936 tokens at 16
+#: steps: 55 rows; the demo's 54 tokens: :data:`GENERATE_ROWS`).
+GENERATE_LOGITS_BYTES = 1 << 30
 #: Padded tokens per forward pass (batch rows x longest row), bounding activation memory.
 DEFAULT_MAX_BATCH_TOKENS = 32768
 
@@ -182,24 +187,34 @@ def ulp(value: float, dtype: str) -> float:
 
 
 def calibrated_bound(
-    dtype: str, kind: str, disagreements: Sequence[float], disagreement_ulps: Sequence[float]
+    dtype: str,
+    kind: str,
+    disagreements: Sequence[float],
+    disagreement_ulps: Sequence[float],
+    device_type: str = "cpu",
 ) -> tuple[float, float]:
     """``(absolute, ulps)`` bound for one kind of decision from the measured per-position
     maxima of ``|fast logit - reference logit|`` (absolute and in ulps of each logit).
 
     Two logits each off by at most ``d`` move the top-1/top-2 gap by at most ``2 d``: a
-    decision is trusted when its margin is at least :data:`SAFETY` times that. In fp32/fp64
-    the bound is absolute, never below :data:`MIN_MARGINS`; in 16-bit it is counted in ulps
-    of the decision's top logit, with ``d`` at least :data:`PRIOR_ULPS`. Without
-    measurements in fp32: :func:`default_margin`.
+    decision is trusted when its margin is at least :data:`SAFETY` times that. In 16-bit the
+    bound is counted in ulps of the decision's top logit, with ``d`` at least
+    :data:`PRIOR_ULPS`. In fp32/fp64 it is both: absolute, never below the floor, and
+    relative (the measured ulps, so a model with larger logits than the calibration saw
+    needs a proportionally larger margin). The floor is :data:`MIN_MARGINS` on the CPU,
+    where it was measured, and the fixed :data:`MARGINS` on any other device (not measured
+    there: accelerator kernels choose their reductions by shape). Without measurements in
+    fp32: :func:`default_margin`.
     """
     if dtype in PRIOR_ULPS:
         d = max([PRIOR_ULPS[dtype][kind], *disagreement_ulps])
         return MIN_MARGINS.get(dtype, 0.0), SAFETY * 2.0 * d
     if not disagreements:
         return default_margin(dtype), 0.0
-    floor = MIN_MARGINS.get(dtype, MIN_MARGINS["float32"])
-    return max(floor, SAFETY * 2.0 * max(disagreements)), 0.0
+    floors = MIN_MARGINS if device_type == "cpu" else MARGINS
+    floor = floors.get(dtype, floors["float32"])
+    relative = SAFETY * 2.0 * max(disagreement_ulps) if disagreement_ulps else 0.0
+    return max(floor, SAFETY * 2.0 * max(disagreements)), relative
 
 
 def summarize(values: Sequence[float], quantile: float = 0.99) -> tuple[float, float]:
@@ -304,6 +319,8 @@ class FastDecoder:
         self._calibrate = (margin is None) if calibrate is None else calibrate
         self._calibrate_bounds = margin is None
         self.calibration_turns = calibration_turns
+        #: what the calibration was measured with (:meth:`_calibration_setting`), once it was
+        self.calibrated_on: dict[str, Any] | None = None
         self.stats: Counter[str] = Counter()
         #: seconds spent building prompts, in forward passes and in ``generate``
         self.seconds: dict[str, float] = defaultdict(float)
@@ -345,15 +362,50 @@ class FastDecoder:
             raise ValueError("a calibration is only valid for the model it was measured on")
         if not other.stats["calibration_turns"]:
             return False
+        # The same model object can have changed in place since (another adapter active,
+        # another attention implementation, dtype or device), and the batch settings shape
+        # the batched computations measured: all must be what they were at calibration.
+        mine, theirs = self._calibration_setting(), other.calibrated_on or {}
+        differ = sorted(k for k in mine if mine[k] != theirs.get(k))
+        if differ:
+            raise ValueError(
+                "a calibration is only valid for the settings it was measured with; "
+                f"these differ: {', '.join(differ)}"
+            )
         for kind in KINDS:
             self.disagreement[kind] = list(other.disagreement[kind])
             self.disagreement_ulps[kind] = list(other.disagreement_ulps[kind])
             if self._calibrate_bounds:
                 self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
-                    self.loaded.dtype, kind, self.disagreement[kind], self.disagreement_ulps[kind]
+                    self.loaded.dtype,
+                    kind,
+                    self.disagreement[kind],
+                    self.disagreement_ulps[kind],
+                    self._device_type,
                 )
         self._calibrate = False
         return True
+
+    @property
+    def _device_type(self) -> str:
+        return str(self.loaded.device).split(":")[0]
+
+    def _calibration_setting(self) -> dict[str, Any]:
+        """What a measured disagreement depends on besides the weights."""
+        model = self.loaded.model
+        adapters = getattr(model, "active_adapters", None)
+        if callable(adapters):  # a method on some peft versions, a property on others
+            adapters = adapters()
+        return {
+            "dtype": self.loaded.dtype,
+            "device": str(self.loaded.device),
+            "attention": attention_implementation(model),
+            "forward_attention": self.forward_attention,
+            "adapters": tuple(adapters) if isinstance(adapters, (list, tuple)) else adapters,
+            "batch_size": self.batch_size,
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_new_tokens": self.max_new_tokens,
+        }
 
     # -- Decoder protocol --------------------------------------------------------------------
 
@@ -406,8 +458,24 @@ class FastDecoder:
 
     @property
     def _generate_rows_cap(self) -> int:
-        """Rows per batched ``generate`` call (and turns pooled before generating)."""
-        return GENERATE_ROWS
+        """Rows per batched ``generate`` call (and turns pooled before generating): at most
+        :data:`GENERATE_ROWS`, and at most what keeps the call's logits within
+        :data:`GENERATE_LOGITS_BYTES`."""
+        per_row = self.max_new_tokens * max(1, self._vocab_size) * 4 * 2
+        return max(1, min(GENERATE_ROWS, GENERATE_LOGITS_BYTES // per_row))
+
+    @property
+    def _vocab_size(self) -> int:
+        """Logits per position (the output embedding's rows; the config's ``vocab_size``
+        where the model has no output embedding to read)."""
+        model = self.loaded.model
+        embeddings = (
+            model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        )
+        weight = getattr(embeddings, "weight", None)
+        if weight is not None and getattr(weight, "dim", lambda: 0)() == 2:
+            return int(weight.shape[0])
+        return int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
 
     def _finish(
         self,
@@ -689,10 +757,15 @@ class FastDecoder:
                     for a, b in zip(fast_steps, steps, strict=True):
                         self._measure("verify", a, b)
         self.stats["calibration_turns"] += len(picked)
+        self.calibrated_on = self._calibration_setting()
         if self._calibrate_bounds:
             for kind in KINDS:
                 self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
-                    self.loaded.dtype, kind, self.disagreement[kind], self.disagreement_ulps[kind]
+                    self.loaded.dtype,
+                    kind,
+                    self.disagreement[kind],
+                    self.disagreement_ulps[kind],
+                    self._device_type,
                 )
 
     def _measure(self, kind: str, fast: Any, reference: Any) -> None:
