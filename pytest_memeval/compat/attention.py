@@ -27,12 +27,24 @@ def attention_implementation(model: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def can_switch_attention(model: Any) -> bool:
-    """Whether ``model``'s attention implementation can be switched after loading."""
+def can_switch_attention(model: Any, implementation: str | None = None) -> bool:
+    """Whether ``model``'s attention implementation can be switched after loading (to
+    ``implementation``, when given: an architecture without it, e.g. Gemma-2 without sdpa,
+    refuses the switch with a ``ValueError``; tried once here, then set back)."""
     base = _base(model)
     # public: set_attn_implementation (4.56+); private: _can_set_attn_implementation (4.56-5.24)
     check = getattr(base, "_can_set_attn_implementation", None)
-    return hasattr(base, "set_attn_implementation") and callable(check) and bool(check())
+    if not (hasattr(base, "set_attn_implementation") and callable(check) and bool(check())):
+        return False
+    before = attention_implementation(model)
+    if implementation is None or before is None or implementation == before:
+        return before is not None or implementation is None
+    try:
+        base.set_attn_implementation(implementation)
+    except (ValueError, ImportError):  # not supported by this architecture / not installed
+        return False
+    base.set_attn_implementation(before)
+    return True
 
 
 @contextmanager

@@ -342,10 +342,12 @@ class FastDecoder:
         self._logits_to_keep = "logits_to_keep" in params
         self._position_ids = "position_ids" in params
         if forward_attention == "auto":
-            loaded_with = attention_implementation(loaded.model)
+            wanted = FORWARD_ATTENTION.get(attention_implementation(loaded.model) or "")
             forward_attention = (
-                FORWARD_ATTENTION.get(loaded_with or "")
-                if can_switch_attention(loaded.model) and loaded.dtype in FORWARD_ATTENTION_DTYPES
+                wanted
+                if wanted is not None
+                and loaded.dtype in FORWARD_ATTENTION_DTYPES
+                and can_switch_attention(loaded.model, wanted)
                 else None
             )
         #: the attention implementation of the forward passes (``None``: the model's own)
@@ -393,9 +395,11 @@ class FastDecoder:
     def _calibration_setting(self) -> dict[str, Any]:
         """What a measured disagreement depends on besides the weights."""
         model = self.loaded.model
-        adapters = getattr(model, "active_adapters", None)
-        if callable(adapters):  # a method on some peft versions, a property on others
-            adapters = adapters()
+        adapters: Any = None
+        if hasattr(model, "get_base_model"):  # a peft model: which of its adapters is active
+            # peft's PeftModel.active_adapters (a property; public). A plain transformers model
+            # has a method of that name that raises without a recent peft: not asked.
+            adapters = getattr(model, "active_adapters", None)
         return {
             "dtype": self.loaded.dtype,
             "device": str(self.loaded.device),
