@@ -72,8 +72,9 @@ class TurnOutput:
     ``text`` is the decoded output without the stop token; ``stopped`` is False when
     generation ran into ``max_new_tokens`` (a parse failure), and ``None`` when it is not
     known (replayed predictions of another harness, which records no stop flags);
-    ``generated`` is True when the output came from a real ``generate`` call rather than a
-    teacher-forced check.
+    ``generated`` is True when the output is not the teacher-forced truth: the model left the
+    truth, and a ``generate`` call or the fast path's verification pass decided the rest
+    (which of the two depends on how turns were pooled, so the record does not say).
     """
 
     text: str

@@ -199,12 +199,10 @@ def calibrated_bound(
     Two logits each off by at most ``d`` move the top-1/top-2 gap by at most ``2 d``: a
     decision is trusted when its margin is at least :data:`SAFETY` times that. In 16-bit the
     bound is counted in ulps of the decision's top logit, with ``d`` at least
-    :data:`PRIOR_ULPS`. In fp32/fp64 it is both: absolute, never below the floor, and
-    relative (the measured ulps, so a model with larger logits than the calibration saw
-    needs a proportionally larger margin). The floor is :data:`MIN_MARGINS` on the CPU,
-    where it was measured, and the fixed :data:`MARGINS` on any other device (not measured
-    there: accelerator kernels choose their reductions by shape). Without measurements in
-    fp32: :func:`default_margin`.
+    :data:`PRIOR_ULPS`. In fp32/fp64 it is absolute, never below the floor:
+    :data:`MIN_MARGINS` on the CPU, where it was measured, and the fixed :data:`MARGINS` on
+    any other device (not measured there: accelerator kernels choose their reductions by
+    shape). Without measurements in fp32: :func:`default_margin`.
     """
     if dtype in PRIOR_ULPS:
         d = max([PRIOR_ULPS[dtype][kind], *disagreement_ulps])
@@ -213,8 +211,7 @@ def calibrated_bound(
         return default_margin(dtype), 0.0
     floors = MIN_MARGINS if device_type == "cpu" else MARGINS
     floor = floors.get(dtype, floors["float32"])
-    relative = SAFETY * 2.0 * max(disagreement_ulps) if disagreement_ulps else 0.0
-    return max(floor, SAFETY * 2.0 * max(disagreements)), relative
+    return max(floor, SAFETY * 2.0 * max(disagreements)), 0.0
 
 
 def summarize(values: Sequence[float], quantile: float = 0.99) -> tuple[float, float]:
@@ -937,7 +934,12 @@ class FastDecoder:
                         # the guess accepted to its end (else the model's own stop ended it)
                         self.stats["verified_guess"] += list(guess) == accepted
                         self.stats["verified_at_budget"] += accepted[-1] not in self._stop
-                        results[i] = self._forward_output([*item.draft, *accepted])
+                        # ``generated``: the model left the truth here, whichever computation
+                        # proved its answer (the pass or ``generate``: that depends on how
+                        # turns were pooled, which must not change a record).
+                        results[i] = dataclasses.replace(
+                            self._forward_output([*item.draft, *accepted]), generated=True
+                        )
                         continue
                     # left the guess: counted once per turn, whatever the round
                     self.stats["verify_left_guess"] += own and not item.grown
