@@ -19,6 +19,8 @@ from pytest_memeval.core.runlock import LOCK_NAME
 from ..conftest import MemevalProject, demo_records
 from ..runfactory import write_crafted
 
+SLOW = pytest.mark.slow
+
 HOLDER = """
 import sys, time
 from pathlib import Path
@@ -47,7 +49,9 @@ def held_project(memeval_project: MemevalProject) -> Iterator[MemevalProject]:
         holder.wait()
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["no-xdist", "n2"])
+@pytest.mark.parametrize(
+    "workers", [pytest.param([], id="no-xdist"), pytest.param(["-n", "2"], id="n2", marks=SLOW)]
+)
 def test_a_session_without_eval_items_runs_beside_a_held_run(
     held_project: MemevalProject, workers: list[str]
 ) -> None:
@@ -61,7 +65,9 @@ def test_a_session_without_eval_items_runs_beside_a_held_run(
     assert sorted(p.name for p in top.iterdir()) == [LOCK_NAME]  # nothing written
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["no-xdist", "n2"])
+@pytest.mark.parametrize(
+    "workers", [pytest.param([], id="no-xdist"), pytest.param(["-n", "2"], id="n2", marks=SLOW)]
+)
 def test_an_eval_session_selecting_one_scenario_is_still_refused(
     held_project: MemevalProject, workers: list[str]
 ) -> None:
