@@ -45,9 +45,20 @@ def full_attention_kv(cache: Any) -> list[tuple[Any, Any]] | None:
 
 
 def dynamic_cache(data: Sequence[tuple[Any, Any]]) -> Any:
-    """A new ``DynamicCache`` holding ``(keys, values)`` per layer (full attention)."""
+    """A new ``DynamicCache`` holding ``(keys, values)`` per layer (full attention), sharing
+    the given tensors rather than copying them: a forward pass over it concatenates into new
+    tensors (``DynamicLayer.update``), never writing into these, so a cache it was cut from or
+    wraps stays intact."""
     # public: DynamicCache(ddp_cache_data) takes an iterable of (keys, values) per layer
     # (4.54.0-5.24.0); only called with what full_attention_kv returned, so the layout exists.
+    # It fills each layer with ``torch.cat([empty, keys])``, a full copy: built from zero-width
+    # views, then given the tensors themselves (DynamicLayer.keys/.values, as
+    # full_attention_kv reads them), the one copy left is the pass's own concatenation.
     from transformers.cache_utils import DynamicCache
 
-    return DynamicCache(list(data))
+    pairs = list(data)
+    cache = DynamicCache([(k[..., :0, :], v[..., :0, :]) for k, v in pairs])
+    layer: Any  # DynamicLayer, as built above from plain (keys, values) pairs
+    for layer, (k, v) in zip(cache.layers, pairs, strict=True):
+        layer.keys, layer.values = k, v
+    return cache

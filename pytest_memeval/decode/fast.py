@@ -752,8 +752,13 @@ class FastDecoder:
             for (row, n), (new, steps) in zip(picked, references, strict=True):
                 ids = plans[row].turns[n].prompt.ids
                 fed_rows.append((cache, row, 0, len(ids) - 1, [ids[-1], *new[: len(steps) - 1]]))
-            verified = self._verify_rows(fed_rows, True)
-            if verified is not None:
+            # Both computations the verification pass uses: packed (first round) and cut.
+            for verified in (
+                self._verify_packed(fed_rows, True),
+                self._verify_rows(fed_rows, True),
+            ):
+                if verified is None:
+                    continue
                 for (_, steps), fast_steps in zip(references, verified[2], strict=True):
                     for a, b in zip(fast_steps, steps, strict=True):
                         self._measure("verify", a, b)
@@ -899,27 +904,36 @@ class FastDecoder:
             if p.draft and p.draft != p.turn.expected[: len(p.draft)] and self._position_ids
         ]
         for _ in range(VERIFY_ROUNDS):
-            work = [(i, g) for i in open_rows if (g := self._guess(pool[i]))]
+            # A draft grown by a packed pass is fed again from where its cache ends.
+            work = [
+                (i, g)
+                for i in open_rows
+                if (g := self._guess(pool[i])) or pool[i].held < pool[i].length - 1
+            ]
             if not work:
                 break
             open_rows = []
-            for chunk in self._chunks([pool[i].length + len(g) for i, g in work]):
+            fed_all = [
+                (p.cache, p.cache_row, p.offset, p.held, [*p.unheld, *g])
+                for p, g in ((pool[i], g) for i, g in work)
+            ]
+            # Packed passes read the forward passes' caches as they are (no copies); cut
+            # passes, in chunks, only where they cannot.
+            packed = self._verify_packed(fed_all, False)
+            chunks = (
+                [list(range(len(work)))]
+                if packed is not None
+                else self._chunks([pool[i].length + len(g) for i, g in work])
+            )
+            for chunk in chunks:
                 rows = [work[k] for k in chunk]
-                verified = self._verify_rows(
-                    [
-                        (
-                            pool[i].cache,
-                            pool[i].cache_row,
-                            pool[i].offset,
-                            pool[i].length - 1,
-                            [pool[i].draft[-1], *g],
-                        )
-                        for i, g in rows
-                    ],
-                    False,
-                )
+                fed_rows = [fed_all[k] for k in chunk]
+                verified = packed or self._verify_rows(fed_rows, False)
                 if verified is None:
                     # The cache cannot be cut: ``generate`` decides (from the full prompt).
+                    for item in pool:
+                        if item.held < item.length - 1:
+                            item.cache = None  # its cache lacks the grown draft
                     self.seconds["verify"] += time.perf_counter() - started
                     return results
                 cache, starts, checks = verified
@@ -927,6 +941,11 @@ class FastDecoder:
                     zip(rows, starts, checks, strict=True)
                 ):
                     item = pool[i]
+                    # only the positions after the draft decide (the ones before re-feed a
+                    # draft grown by a packed pass)
+                    skip = len(best) - len(guess) - 1
+                    self.stats["verify_refed"] += skip > 0
+                    best, margin, top = best[skip:], margin[skip:], top[skip:]
                     accepted, settled, own = self._accept(item, guess, best, margin, top)
                     self.stats["verify_tokens"] += len(accepted)
                     if settled:
@@ -946,11 +965,31 @@ class FastDecoder:
                     if accepted:
                         item.grown = True
                         item.draft = (*item.draft, *accepted)
-                        item.cache, item.cache_row, item.offset = cache, r, start
+                        if cache is not None:
+                            item.cache, item.cache_row, item.offset = cache, r, start
+                            item.held = item.length - 1
                         if own:
                             open_rows.append(i)
+        self._refill([p for p, out in zip(pool, results, strict=True) if out is None])
         self.seconds["verify"] += time.perf_counter() - started
         return results
+
+    def _refill(self, pending: list[_Pending]) -> None:
+        """Give the turns whose drafts packed passes grew a cache holding their prompt and
+        draft but its last token, for ``generate`` to continue from: one cut pass over the
+        draft tokens the forward pass's cache lacks (its decisions unused)."""
+        short = [p for p in pending if p.held < p.length - 1]
+        for chunk in self._chunks([p.length for p in short]):
+            rows = [short[k] for k in chunk]
+            verified = self._verify_rows(
+                [(p.cache, p.cache_row, p.offset, p.held, p.unheld[:-1]) for p in rows], False
+            )
+            for r, p in enumerate(rows):
+                if verified is None:
+                    p.cache = None  # ``generate`` from the full prompt
+                    continue
+                p.cache, p.cache_row, p.offset = verified[0], r, verified[1][r]
+                p.held = p.length - 1
 
     def _accept(
         self,
@@ -1038,6 +1077,108 @@ class FastDecoder:
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         starts = [width - cut for _, _, _, cut, _ in rows]
         return cache, starts, per_row
+
+    def _verify_packed(
+        self, rows: Sequence[tuple[Any, int, int, int, Sequence[int]]], full_logits: bool
+    ) -> tuple[None, list[int], list[Any]] | None:
+        """What :meth:`_verify_rows` computes for the same ``(cache, row, 0, cut, fed)``,
+        without cutting any cache: one forward pass over the cache as it is (rows of several
+        caches: see :func:`_packed_source`), each of its rows fed the ``fed`` tokens of all
+        the turns it holds one after another (a packed row). A 4D mask lets turn ``a``'s
+        tokens see the cache's first ``cut_a`` columns and its own earlier fed tokens only,
+        at positions ``cut_a + k``: the keys and values a cut cache would hold, with none of
+        its copies. The pass's cache (the forward pass's plus the packed tokens) is not
+        kept: ``(None, starts, per-row checks)``, or ``None`` when the caches are not plain
+        full-attention ones.
+        """
+        # Deferred: torch takes seconds to import; only a model run needs it.
+        import torch
+
+        if not self._position_ids or not rows:
+            return None
+        for _, _, offset, cut, fed in rows:
+            if offset != 0 or cut < 1 or not fed:
+                return None
+        source = _packed_source([(cache, row, cut) for cache, row, _, cut, _ in rows])
+        if source is None:
+            return None
+        layers, slot_of = source
+        batch, width = layers[0][0].shape[0], layers[0][0].shape[-2]
+        members = range(len(rows))
+        by_row: dict[int, list[int]] = {}
+        for n in members:
+            by_row.setdefault(slot_of[n], []).append(n)
+        per_row: list[Any] = [None] * len(rows)
+        device = self.loaded.device
+        span = max(sum(len(rows[n][4]) for n in ns) for ns in by_row.values())
+        ids = [[self.loaded.pad_id] * span for _ in range(batch)]
+        cuts = [[0] * span for _ in range(batch)]
+        # which turn each fed token belongs to (-1: padding)
+        owner = [[-1] * span for _ in range(batch)]
+        positions = [[0] * span for _ in range(batch)]
+        where: dict[int, tuple[int, int]] = {}
+        for row, ns in by_row.items():
+            pos = 0
+            for n in ns:
+                cut, fed = rows[n][3], rows[n][4]
+                where[n] = (row, pos)
+                for k, token in enumerate(fed):
+                    ids[row][pos + k] = token
+                    cuts[row][pos + k] = cut
+                    owner[row][pos + k] = n
+                    positions[row][pos + k] = cut + k
+                pos += len(fed)
+        cut_t = torch.tensor(cuts, dtype=torch.long)
+        owner_t = torch.tensor(owner, dtype=torch.long)
+        step = torch.arange(span)
+        # batch x query x key: the cache's first ``cut`` columns, then the same turn's fed
+        # tokens up to the query itself
+        allowed = torch.cat(
+            [
+                torch.arange(width)[None, None, :] < cut_t[:, :, None],
+                (owner_t[:, :, None] == owner_t[:, None, :])
+                & (owner_t[:, :, None] >= 0)
+                & (step[None, None, :] <= step[None, :, None]),
+            ],
+            dim=-1,
+        )
+        # Padding queries see column 0 (never read; no row of the softmax all masked).
+        allowed[..., 0] |= owner_t < 0
+        dtype = layers[0][0].dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        self.stats["verify_passes"] += 1
+        self.stats["verify_packed_passes"] += 1
+        with torch.inference_mode():
+            out = self.loaded.model(
+                input_ids=torch.tensor(ids, dtype=torch.long).to(device),
+                attention_mask=mask[:, None].to(device),
+                position_ids=torch.tensor(positions, dtype=torch.long).to(device),
+                use_cache=True,
+                # a new cache object over the same tensors: its update concatenates into
+                # new ones, so the forward pass's cache stays as later turns need it
+                **{self._cache_kw: dynamic_cache(layers)},
+            )
+            # In fp32, as ``generate`` upcasts its next-token logits before the argmax.
+            logits = out.logits.float()
+            del out
+            if full_logits:
+                for n in members:
+                    row, pos = where[n]
+                    per_row[n] = logits[row, pos : pos + len(rows[n][4])].cpu()
+            else:
+                best = logits.argmax(-1).cpu().tolist()
+                top = logits.topk(2, dim=-1).values
+                margin = (top[..., 0] - top[..., 1]).cpu().tolist()
+                top1 = top[..., 0].cpu().tolist()
+                for n in members:
+                    row, pos = where[n]
+                    end = pos + len(rows[n][4])
+                    per_row[n] = (
+                        best[row][pos:end],
+                        margin[row][pos:end],
+                        top1[row][pos:end],
+                    )
+        return None, [0] * len(rows), per_row
 
     def _generate_many(self, pending: list[_Pending]) -> list[TurnOutput]:
         """Greedy ``generate`` for these turns, batched, continuing each from its draft with
@@ -1151,14 +1292,71 @@ class _Pending:
     cache_row: int = -1
     #: True once a verification pass made ``draft`` longer
     grown: bool = False
+    #: how many of the prompt's and draft's tokens ``cache`` holds from ``offset`` on (-1: all
+    #: but the draft's last); fewer after a packed verification pass grew the draft (its
+    #: cache is the forward pass's, which holds only the prompt and the first draft)
+    held: int = -1
 
     def __post_init__(self) -> None:
         if self.cache_row < 0:
             self.cache_row = self.row
+        if self.held < 0:
+            self.held = self.length - 1
 
     @property
     def length(self) -> int:
         return len(self.turn.prompt.ids) + len(self.draft)
+
+    @property
+    def unheld(self) -> list[int]:
+        """The prompt's and draft's tokens after those ``cache`` holds."""
+        return [*self.turn.prompt.ids, *self.draft][self.held :]
+
+
+def _packed_source(
+    rows: list[tuple[Any, int, int]],
+) -> tuple[list[tuple[Any, Any]], list[int]] | None:
+    """The cache a packed verification pass reads for ``(cache, row, cut)`` rows (each
+    turn's first ``cut`` positions in row ``row`` of ``cache`` from column 0 on), and per row
+    its row there: the one cache as it is (no copy), or, when the rows come from several
+    forward passes' caches, their rows that hold turns copied once into one (right padding:
+    masked). ``None`` unless all are plain full-attention caches holding the cut columns."""
+    layouts: dict[int, list[tuple[Any, Any]]] = {}
+    for cache, row, cut in rows:
+        if cache is None:
+            return None
+        if id(cache) not in layouts:
+            layers = full_attention_kv(cache)
+            if not layers or any(k is None or k.dim() != 4 for k, _ in layers):
+                return None
+            first = layers[0][0]
+            if any(
+                k.shape[0] != first.shape[0] or k.shape[-2] != first.shape[-2] for k, _ in layers
+            ):
+                return None
+            layouts[id(cache)] = layers
+        keys = layouts[id(cache)][0][0]
+        if not 0 <= row < keys.shape[0] or cut > keys.shape[-2]:
+            return None
+    if len({len(layers) for layers in layouts.values()}) != 1:
+        return None
+    if len(layouts) == 1:
+        return next(iter(layouts.values())), [row for _, row, _ in rows]
+    slots: dict[tuple[int, int], int] = {}
+    for cache, row, _ in rows:
+        slots.setdefault((id(cache), row), len(slots))
+    width = max(layers[0][0].shape[-2] for layers in layouts.values())
+    data = []
+    for i in range(len(next(iter(layouts.values())))):
+        keys, values = next(iter(layouts.values()))[i]
+        k = keys.new_zeros((len(slots), keys.shape[1], width, keys.shape[3]))
+        v = values.new_zeros((len(slots), values.shape[1], width, values.shape[3]))
+        for (cache_id, row), slot in slots.items():
+            row_keys, row_values = layouts[cache_id][i]
+            k[slot, :, : row_keys.shape[-2]] = row_keys[row]
+            v[slot, :, : row_values.shape[-2]] = row_values[row]
+        data.append((k, v))
+    return data, [slots[(id(cache), row)] for cache, row, _ in rows]
 
 
 def _left_padded_cache(rows: list[tuple[Any, int, int, int]]) -> Any:

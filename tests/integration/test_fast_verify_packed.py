@@ -1,0 +1,96 @@
+"""Packed verification passes: the pending turns of one conversation verified in one row of
+one forward pass over the forward pass's cache as it is (a 4D mask per turn, no cut caches)
+compute what the model computes for each turn alone, and decode exactly as the reference
+path does, also where ``generate`` continues from a draft a packed pass made longer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+import pytest_memeval.decode.fast as fast_module
+from pytest_memeval.core.benchmark import Scenario, from_records
+from pytest_memeval.decode import Rollout
+from pytest_memeval.decode.fast import FastDecoder
+from pytest_memeval.decode.reference import ReferenceDecoder
+from pytest_memeval.model.loading import LoadedModel, load_model
+from pytest_memeval.model.prefix import proven_scenario_prompts
+
+from ..conftest import ADAPTERS, BASE_MODEL, demo_records
+
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[LoadedModel]:
+    import torch
+
+    torch.set_num_threads(1)
+    yield load_model(BASE_MODEL, ADAPTERS / "oracle")
+
+
+def _demo(n: int) -> list[Scenario]:
+    return list(from_records(demo_records("oracle", n), "demo").scenarios)
+
+
+def _outputs(rollouts: Sequence[Rollout]) -> list[list[tuple[str, bool | None]]]:
+    return [[(o.text, o.stopped) for o in r.outputs] for r in rollouts]
+
+
+def test_turns_packed_in_one_row_see_only_their_own_prompt(demo: LoadedModel) -> None:
+    """Four turns of one conversation, each fed its prompt's last token and three more,
+    packed in one row over the conversation's cache: each turn's logits are the model's
+    for that turn's prompt and tokens alone (no cache, no other turn)."""
+    import torch
+
+    scenario = _demo(1)[0]
+    prompts, full, _ = proven_scenario_prompts(demo.tokenizer, scenario)
+    assert len(prompts) >= 4
+    with torch.inference_mode():
+        cache = demo.model(input_ids=torch.tensor([list(full)]), use_cache=True).past_key_values
+    fast = FastDecoder(demo, MAX_NEW)
+    rows = []
+    for prompt in prompts[:4]:
+        ids = list(prompt.ids)
+        # tokens after the prompt that are NOT the conversation's (the cache holds those)
+        rows.append((cache, 0, 0, len(ids) - 1, [ids[-1], 7, 8, 9]))
+    packed = fast._verify_packed(rows, True)
+    assert packed is not None and fast.stats["verify_packed_passes"] == 1
+    for (_, _, _, cut, fed), got in zip(rows, packed[2], strict=True):
+        alone = [*full[:cut], *fed]
+        with torch.inference_mode():
+            want = demo.model(input_ids=torch.tensor([alone])).logits[0, -len(fed) :].float()
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    # The forward pass's cache is untouched (later turns still read it).
+    assert cache.layers[0].keys.shape[-2] == len(full)
+
+
+def test_one_scenario_per_pass_many_turns_per_row_equal_the_reference(
+    demo: LoadedModel,
+) -> None:
+    scenarios = _demo(4)
+    fast = FastDecoder(demo, MAX_NEW, batch_size=1)
+    assert _outputs(fast.decode(scenarios)) == _outputs(
+        [ReferenceDecoder(demo, MAX_NEW).rollout(s) for s in scenarios]
+    )
+    assert fast.stats["verify_packed_passes"] > 0
+    # several pending turns of one conversation shared a packed row
+    assert fast.stats["verified"] > fast.stats["verify_packed_passes"]
+
+
+def test_generate_continues_from_a_draft_a_packed_pass_grew(
+    demo: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round only: drafts the packed pass made longer go to ``generate``, which
+    continues them from a cache a cut pass filled in."""
+    monkeypatch.setattr(fast_module, "VERIFY_ROUNDS", 1)
+    scenarios = _demo(6)
+    fast = FastDecoder(demo, MAX_NEW)
+    assert _outputs(fast.decode(scenarios)) == _outputs(
+        [ReferenceDecoder(demo, MAX_NEW).rollout(s) for s in scenarios]
+    )
+    assert fast.stats["generate_grown_drafts"] > 0, fast.stats
+    assert fast.stats["generated_without_cache"] == 0
