@@ -29,6 +29,7 @@ processors change greedy decisions (repetition penalty, banned words, minimum le
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import time
@@ -374,16 +375,22 @@ class FastDecoder:
         for kind in KINDS:
             self.disagreement[kind] = list(other.disagreement[kind])
             self.disagreement_ulps[kind] = list(other.disagreement_ulps[kind])
-            if self._calibrate_bounds:
-                self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
-                    self.loaded.dtype,
-                    kind,
-                    self.disagreement[kind],
-                    self.disagreement_ulps[kind],
-                    self._device_type,
-                )
+        self._set_bounds()
         self._calibrate = False
         return True
+
+    def _set_bounds(self) -> None:
+        """Each kind's bound from what was measured (a decoder given a ``margin`` keeps it)."""
+        if not self._calibrate_bounds:
+            return
+        for kind in KINDS:
+            self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
+                self.loaded.dtype,
+                kind,
+                self.disagreement[kind],
+                self.disagreement_ulps[kind],
+                self._device_type,
+            )
 
     @property
     def _device_type(self) -> str:
@@ -457,11 +464,11 @@ class FastDecoder:
         self._finish(held, pool, results)
         return [results[i] for i in range(len(scenarios))]
 
-    @property
+    @functools.cached_property
     def _generate_rows_cap(self) -> int:
         """Rows per batched ``generate`` call (and turns pooled before generating): at most
         :data:`GENERATE_ROWS`, and at most what keeps the call's logits within
-        :data:`GENERATE_LOGITS_BYTES`."""
+        :data:`GENERATE_LOGITS_BYTES`. Read once: the pool checks it after every batch."""
         per_row = self.max_new_tokens * max(1, self._vocab_size) * 4 * 2
         return max(1, min(GENERATE_ROWS, GENERATE_LOGITS_BYTES // per_row))
 
@@ -764,15 +771,7 @@ class FastDecoder:
                         self._measure("verify", a, b)
         self.stats["calibration_turns"] += len(picked)
         self.calibrated_on = self._calibration_setting()
-        if self._calibrate_bounds:
-            for kind in KINDS:
-                self.bounds[kind], self.bounds_ulps[kind] = calibrated_bound(
-                    self.loaded.dtype,
-                    kind,
-                    self.disagreement[kind],
-                    self.disagreement_ulps[kind],
-                    self._device_type,
-                )
+        self._set_bounds()
 
     def _measure(self, kind: str, fast: Any, reference: Any) -> None:
         """Record how far two computations of one position's logits are apart."""
