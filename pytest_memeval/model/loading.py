@@ -23,6 +23,7 @@ from pytest_memeval.model.checks import (
     check_adapter_fits,
     check_model_dir,
 )
+from pytest_memeval.model.noise import third_party_noise_filtered
 
 __all__ = ["LoadedModel", "load_model"]
 
@@ -99,9 +100,11 @@ def load_model(
         from peft import PeftModel  # deferred: heavy, and only an adapter needs it
 
         try:
-            model = PeftModel.from_pretrained(
-                model, str(adapter_dir), is_trainable=False, local_files_only=True
-            )
+            # peft trips a transformers deprecation warning the user cannot act on (noise.py).
+            with third_party_noise_filtered():
+                model = PeftModel.from_pretrained(
+                    model, str(adapter_dir), is_trainable=False, local_files_only=True
+                )
         except (RuntimeError, ValueError, KeyError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(
