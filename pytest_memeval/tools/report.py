@@ -47,6 +47,7 @@ from pytest_memeval.tools.compare import (
     m2_delta_lines,
     run_summary,
 )
+from pytest_memeval.tools.summary_md import markdown_report
 from pytest_memeval.tools.templating import render, static_text
 
 if TYPE_CHECKING:
@@ -422,18 +423,39 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         type=Path,
-        default=Path("report.html"),
-        help="HTML file to write (default: report.html)",
+        default=None,
+        help="file to write (default: report.html; with --format markdown, standard output; "
+        "'-': standard output)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("html", "markdown"),
+        default="html",
+        help="html (default): the self-contained page; markdown: the summary a CI job page or "
+        "a pull-request comment shows (the one pytest appends to $GITHUB_STEP_SUMMARY)",
     )
 
 
 def cli_main(args: argparse.Namespace) -> int:
     """Write the report: 0 on success, 2 when a run is refused."""
     paths = [args.run_a, *args.runs]
+    markdown = args.format == "markdown"
+    output = args.output or (Path("-") if markdown else Path("report.html"))
     try:
-        write_report(paths, args.output)
+        if markdown:
+            text = markdown_report(paths)
+        elif str(output) != "-":
+            write_report(paths, output)
+        else:
+            runs = [load_run(p) for p in paths]
+            text = render_report(runs) if len(runs) <= 2 else render_many(runs[0], runs[1:])
     except CompareError as exc:
         print(f"memeval report: refused: {exc}", file=sys.stderr)
         return 2
-    print(f"memeval report: wrote {args.output}")
+    if str(output) == "-":
+        sys.stdout.write(text)
+        return 0
+    if markdown:
+        atomic_write(output, [text])
+    print(f"memeval report: wrote {output}")
     return 0
