@@ -64,6 +64,7 @@ pytest_plugins = [
     # (the Markdown step summary, JUnit properties, the MLflow logger when asked for).
     "pytest_memeval.tools.finished",
     "pytest_memeval.tools.step_summary",
+    "pytest_memeval.tools.junit",
 ]
 # This module imports several of them before pytest reads ``pytest_plugins``; pytest would
 # then warn once per module that it cannot rewrite their asserts. They hold no test code, so
