@@ -65,6 +65,7 @@ pytest_plugins = [
     "pytest_memeval.tools.finished",
     "pytest_memeval.tools.step_summary",
     "pytest_memeval.tools.junit",
+    "pytest_memeval.tools.tracking.mlflow",
 ]
 # This module imports several of them before pytest reads ``pytest_plugins``; pytest would
 # then warn once per module that it cannot rewrite their asserts. They hold no test code, so

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_memeval.core.noise import third_party_noise_filtered
 from pytest_memeval.model.checks import (
     CheckpointError,
     check_adapter_dir,
     check_adapter_fits,
     check_model_dir,
 )
-from pytest_memeval.model.noise import third_party_noise_filtered
 
 __all__ = ["LoadedModel", "load_model"]
 
@@ -100,7 +100,7 @@ def load_model(
         from peft import PeftModel  # deferred: heavy, and only an adapter needs it
 
         try:
-            # peft trips a transformers deprecation warning the user cannot act on (noise.py).
+            # peft trips a transformers deprecation warning the user cannot act on (core/noise.py).
             with third_party_noise_filtered():
                 model = PeftModel.from_pretrained(
                     model, str(adapter_dir), is_trainable=False, local_files_only=True

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from pytest_memeval.model.noise import THIRD_PARTY_NOISE, Noise, third_party_noise_filtered
+from pytest_memeval.core.noise import THIRD_PARTY_NOISE, Noise, third_party_noise_filtered
 
 DEPRECATION = (
     "`is_gradient_checkpointing` is deprecated and will be removed in v6. "
@@ -61,5 +61,26 @@ def test_filters_are_restored_after_the_block() -> None:
 
 @pytest.mark.parametrize("noise", THIRD_PARTY_NOISE)
 def test_each_entry_is_narrow_and_says_why(noise: Noise) -> None:
-    assert noise.module.startswith(("transformers", "peft"))
+    assert noise.module.startswith(("transformers", "peft", "mlflow"))
     assert noise.message and len(noise.why) > 40
+
+
+def test_mlflows_sqlalchemy_deprecation_is_ignored_inside_the_block() -> None:
+    class SADeprecationWarning(DeprecationWarning):  # SQLAlchemy's, a DeprecationWarning
+        pass
+
+    message = "The ``noload`` loader strategy is deprecated and will be removed"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with third_party_noise_filtered():
+            _warn(message, SADeprecationWarning, "mlflow.store.tracking.sqlalchemy_store")
+            _warn(message, SADeprecationWarning, "my_project.db")
+    assert [w.filename for w in caught] == ["my_project/db.py"]
+
+
+def test_the_module_must_match_whole() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with third_party_noise_filtered():
+            _warn(DEPRECATION, FutureWarning, "transformers.modeling_utils_extra")
+    assert len(caught) == 1
