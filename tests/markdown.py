@@ -24,6 +24,7 @@ HOSTILE = (
     "[click](javascript:alert(1))",
     "# not a heading",
     "https://evil.example/x and www.evil.example",
+    "_www.evil.example (www.evil.example) ~WWW.EVIL.EXAMPLE ftp://evil.example",
     "mail@evil.example",
     "<img src=x onerror=alert(1)>",
     "&lt;b&gt; &amp; entities",

@@ -17,9 +17,10 @@ autolink, entity or HTML), with a fence longer than any run of backticks inside,
 escaped (GFM splits table cells before it parses code spans), line breaks shown as ``↵``,
 control and bidirectional-override characters replaced, and long text cut.
 :func:`md_text` escapes text that stays prose (a gate's reason naming a path, notes naming
-scenario ids): every ASCII punctuation character backslash-escaped, which CommonMark defines as
-its literal character. The numbers' own wording (``127/189 = 67.20%``, intervals, p-value
-statements) holds no outside text and is printed as it is.
+scenario ids): the characters that open inline Markdown backslash-escaped, which CommonMark
+defines as the character itself, autolinks broken, words with ``@`` as code. The numbers' own
+wording (``127/189 = 67.20%``, intervals, p-value statements) holds no outside text and is
+printed as it is.
 tests/unit/test_summary_md.py renders hostile predictions with GitHub's own renderer
 (cmark-gfm) and checks the table and the text.
 """
@@ -27,7 +28,6 @@ tests/unit/test_summary_md.py renders hostile predictions with GitHub's own rend
 from __future__ import annotations
 
 import re
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +65,8 @@ ROWS = 20
 #: The most characters of one model or benchmark text a cell shows
 TEXT_LIMIT = 160
 
-_PUNCTUATION = frozenset(string.punctuation)
+#: the ASCII punctuation that can open inline Markdown (CommonMark, GFM tables and tildes)
+_INLINE = frozenset("\\`*_[]<>&!|~#")
 #: bidirectional embeddings, overrides and isolates, and the marks: they reorder what a reader
 #: sees around them (a prediction could make a cell read differently from what it holds)
 _BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
@@ -81,19 +82,29 @@ def _printable(text: str) -> str:
     )
 
 
-def md_text(text: str, *, table: bool = False) -> str:
-    """``text`` as literal Markdown prose: every ASCII punctuation character backslash-escaped
-    (CommonMark: the character itself), line breaks and control characters made visible.
+def _escape_word(word: str) -> str:
+    # CommonMark reads a backslash before ASCII punctuation as that character itself.
+    word = "".join("\\" + c if c in _INLINE else c for c in word)
+    # GFM's autolinks start at "www." and at a scheme's "://": break both with an escape.
+    word = re.sub(r"(?i)www\.", lambda m: m.group(0)[:-1] + "\\.", word)
+    return word.replace("://", "\\://")
 
-    A word holding ``@`` is printed as a code span instead (:func:`md_code`; ``table``: it
-    sits in a table cell): GFM turns ``name@host.tld`` into a mail link after the escapes are
-    read, so no escape prevents it (a run directory such as ``runs/oracle@ckpt-1.5`` would).
+
+def md_text(text: str, *, table: bool = False) -> str:
+    """``text`` as literal Markdown prose, for text that holds a path, an id or a label.
+
+    The characters that open inline Markdown (emphasis, code, links and images, HTML and
+    entities, strikethrough, table cells) are backslash-escaped, which CommonMark defines as
+    the character itself, and so are the starts of GFM's autolinks (``www.``, ``://``); line
+    breaks and control characters are made visible. A word holding ``@`` is printed as a code
+    span instead (:func:`md_code`; ``table``: it sits in a table cell): GFM turns
+    ``name@host.tld`` into a mail link after the escapes are read, so no escape prevents it (a
+    run directory such as ``runs/oracle@ckpt-1.5`` would). The text is never at the start of
+    a line (our lines start with our own words), where ``#``, ``-`` or ``1.`` could matter.
     """
     words = re.split(r"(\s+)", _printable(text))
     return "".join(
-        md_code(word, limit=len(word), table=table)
-        if "@" in word
-        else "".join("\\" + c if c in _PUNCTUATION else c for c in word)
+        md_code(word, limit=len(word), table=table) if "@" in word else _escape_word(word)
         for word in words
     )
 
@@ -213,7 +224,9 @@ def _pair_table(pair: Comparison) -> list[str]:
                 percent(m2["a"]),
                 percent(m2["b"]),
                 fmt_pp(m2["delta_pp"]),
-                f"{fmt_pp_ci(m2['ci95_pp'])} (clustered by scenario)",
+                f"{fmt_pp_ci(m2['ci95_pp'])} (clustered by scenario)"
+                if m2["ci95_pp"] is not None
+                else "n/a",
                 f"exact sign-flip permutation: {m2['statement']}",
             ]
         )
