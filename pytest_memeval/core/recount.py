@@ -16,6 +16,7 @@ from typing import NamedTuple
 from pytest_memeval.core.records import (
     Counts,
     Metrics,
+    RateBlock,
     Record,
     RecordError,
     SliceBlock,
@@ -102,25 +103,12 @@ def _recount(records: Iterable[Record]) -> tuple[Counts, dict[str, dict[str, int
         outcome = _Outcome(rec["final_match"] is True, rec["aligned"] is True, here_ok, here_scored)
         for tag in rec.get("tags", []):
             by_tag.setdefault(tag, []).append(outcome)
-    m1_ci = rate_with_ci(final_ok, n)
-    m2_ci = clustered_rate_with_ci(turn_ok, ClusterSums.of(per_scenario))
+    m1, m2 = _rate_blocks(final_ok, n, turn_ok, ClusterSums.of(per_scenario))
+    assert m2["total"] == turn_scored  # the sums count the same turns
     counts: Counts = {
         "n": n,
-        "m1": {
-            "correct": final_ok,
-            "total": n,
-            "rate": final_ok / n if n else None,
-            "ci95": m1_ci["ci95"],
-            "ci95_method": m1_ci["ci95_method"],
-        },
-        "m2": {
-            "correct": turn_ok,
-            "total": turn_scored,
-            "rate": turn_ok / turn_scored if turn_scored else None,
-            "ci95": m2_ci["ci95"],
-            "ci95_method": m2_ci["ci95_method"],
-            "clusters": m2_ci["clusters"],
-        },
+        "m1": m1,
+        "m2": m2,
         "unaligned": unaligned,
         "parse_fail": {"final": pf_final, "turns": pf_turns},
         "stop_flags": _stop_flags(with_flags, without_flags),
@@ -128,6 +116,31 @@ def _recount(records: Iterable[Record]) -> tuple[Counts, dict[str, dict[str, int
         "slices": {tag: _recount_slice(by_tag[tag]) for tag in slice_order(by_tag)},
     }
     return counts, dict(sorted(positions.items(), key=lambda kv: int(kv[0])))
+
+
+def _rate_blocks(
+    final_ok: int, n: int, turn_ok: int, sums: ClusterSums
+) -> tuple[RateBlock, RateBlock]:
+    """The m1 and m2 blocks, written out field by field from the recounted numbers (the
+    interval formulas are stats.py's; the counts and their order are this module's)."""
+    m1_ci = rate_with_ci(final_ok, n)
+    m2_ci = clustered_rate_with_ci(turn_ok, sums)
+    m1: RateBlock = {
+        "correct": final_ok,
+        "total": n,
+        "rate": final_ok / n if n else None,
+        "ci95": m1_ci["ci95"],
+        "ci95_method": m1_ci["ci95_method"],
+    }
+    m2: RateBlock = {
+        "correct": turn_ok,
+        "total": sums.n,
+        "rate": turn_ok / sums.n if sums.n else None,
+        "ci95": m2_ci["ci95"],
+        "ci95_method": m2_ci["ci95_method"],
+        "clusters": m2_ci["clusters"],
+    }
+    return m1, m2
 
 
 class _Outcome(NamedTuple):
@@ -145,28 +158,13 @@ def _recount_slice(outcomes: list[_Outcome]) -> SliceBlock:
     final_ok = sum(1 for o in outcomes if o.final_ok)
     unaligned = sum(1 for o in outcomes if not o.aligned)
     clusters = [(o.turns_ok, o.turns_scored) for o in outcomes if o.aligned]
-    m1_ci = rate_with_ci(final_ok, n)
-    sums = ClusterSums.of(clusters)
     turn_ok = sum(right for right, _ in clusters)
-    m2_ci = clustered_rate_with_ci(turn_ok, sums)
+    m1, m2 = _rate_blocks(final_ok, n, turn_ok, ClusterSums.of(clusters))
     mde = min_detectable_drop(n)
     return {
         "n": n,
-        "m1": {
-            "correct": final_ok,
-            "total": n,
-            "rate": final_ok / n if n else None,
-            "ci95": m1_ci["ci95"],
-            "ci95_method": m1_ci["ci95_method"],
-        },
-        "m2": {
-            "correct": turn_ok,
-            "total": sums.n,
-            "rate": turn_ok / sums.n if sums.n else None,
-            "ci95": m2_ci["ci95"],
-            "ci95_method": m2_ci["ci95_method"],
-            "clusters": m2_ci["clusters"],
-        },
+        "m1": m1,
+        "m2": m2,
         "unaligned": unaligned,
         "m1_mde_pp": None if mde is None else mde * 100,
     }

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_memeval.core.stats import CORRECTIONS
 from pytest_memeval.tools.compare import (
     CompareError,
     compare_many,
@@ -24,7 +23,12 @@ from pytest_memeval.tools.compare import (
     format_many,
     load_run,
 )
-from pytest_memeval.tools.slice_compare import compare_slices, format_slices, run_tags
+from pytest_memeval.tools.slice_compare import (
+    compare_slices,
+    format_slices,
+    run_tags,
+    slice_arguments,
+)
 
 __all__ = ["cli_arguments", "cli_main"]
 
@@ -43,23 +47,7 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         "p-values Holm-corrected, and a leaderboard sorts them by m1",
     )
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    parser.add_argument(
-        "--slice",
-        dest="slices",
-        action="append",
-        default=[],
-        metavar="EXPR",
-        help="compare this slice: a tag (query:door-state), a glob (query:*) or the scenarios "
-        "carrying several tags (query:door-state&oracle:close-dropped); repeatable. Default: "
-        "every tag. The p-values are adjusted over the slices shown",
-    )
-    parser.add_argument(
-        "--correction",
-        choices=tuple(CORRECTIONS),
-        default="holm",
-        help="multiplicity adjustment of the per-slice p-values: holm (family-wise error, "
-        "default) or bh (Benjamini-Hochberg, false discovery rate)",
-    )
+    slice_arguments(parser)
 
 
 def cli_main(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_memeval.core.records import Metrics, Record
 from pytest_memeval.core.rundir import atomic_write
-from pytest_memeval.core.stats import CORRECTIONS, interval_words, rate_with_ci
+from pytest_memeval.core.stats import interval_words, rate_with_ci
 from pytest_memeval.tools.compare import (
     CompareError,
     Comparison,
@@ -47,7 +47,12 @@ from pytest_memeval.tools.compare import (
     m2_delta_lines,
     run_summary,
 )
-from pytest_memeval.tools.slice_compare import SliceComparison, compare_slices, run_tags
+from pytest_memeval.tools.slice_compare import (
+    SliceComparison,
+    compare_slices,
+    run_tags,
+    slice_arguments,
+)
 from pytest_memeval.tools.templating import render, static_text
 
 if TYPE_CHECKING:
@@ -462,20 +467,7 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("report.html"),
         help="HTML file to write (default: report.html)",
     )
-    parser.add_argument(
-        "--slice",
-        dest="slices",
-        action="append",
-        default=[],
-        metavar="EXPR",
-        help="compare this slice (as memeval compare --slice); default: every tag",
-    )
-    parser.add_argument(
-        "--correction",
-        choices=tuple(CORRECTIONS),
-        default="holm",
-        help="multiplicity adjustment of the per-slice p-values: holm (default) or bh",
-    )
+    slice_arguments(parser)
 
 
 def cli_main(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ cannot be flagged for less. Formulas and references: docs/statistics.md.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -50,6 +51,7 @@ __all__ = [
     "compare_slices",
     "format_slices",
     "run_tags",
+    "slice_arguments",
 ]
 
 
@@ -274,6 +276,27 @@ def compare_slices(
         pairs.append({"a": labels[0], "b": label, "tags_differ": differ, "slices": rows})
     correction = _correct(pairs, method)
     return {"membership": MEMBERSHIP, "correction": correction, "pairs": pairs}
+
+
+def slice_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--slice`` and ``--correction``, for ``memeval compare`` and ``memeval report``."""
+    parser.add_argument(
+        "--slice",
+        dest="slices",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="compare this slice: a tag (query:door-state), a glob (query:*) or the scenarios "
+        "carrying several tags (query:door-state&oracle:close-dropped); repeatable. Default: "
+        "every tag. The p-values are adjusted over the slices shown",
+    )
+    parser.add_argument(
+        "--correction",
+        choices=tuple(CORRECTIONS),
+        default="holm",
+        help="multiplicity adjustment of the per-slice p-values: holm (family-wise error, "
+        "default) or bh (Benjamini-Hochberg, false discovery rate)",
+    )
 
 
 # -- text ----------------------------------------------------------------------------------
