@@ -4,7 +4,8 @@ For each slice shown (a tag, or ``TAG&TAG``: :mod:`pytest_memeval.core.slices`),
 scenarios in it: each run's m1 (Wilson interval), the paired m1 difference with the exact
 McNemar test, the paired m2 difference over the scenarios both runs score on the same turns
 (:func:`~pytest_memeval.tools.compare.paired_m2`: exact sign-flip permutation test), and the
-smallest m1 difference the slice could detect.
+smallest m1 difference the slice could detect, and the m1 difference's paired interval
+(Newcombe) made simultaneous over the family (Bonferroni: level ``1 - alpha / m``).
 
 A table of twenty slices is twenty tests: at 0.05 each, one flags by chance more often than
 not. So every p-value of the table (m1 and m2, every slice, every run compared) forms **one
@@ -31,6 +32,8 @@ from pytest_memeval.core.stats import (
     mcnemar_exact,
     mde_paired_binary,
     min_detectable_drop,
+    normal_quantile,
+    paired_diff_interval,
     rate_with_ci,
 )
 from pytest_memeval.core.tags import slice_order
@@ -61,6 +64,7 @@ class _SliceRowFields(TypedDict):
     a: RateBlock
     b: RateBlock
     m1_delta_pp: float | None
+    m1_delta_ci_pp: list[float] | None
     fixed: int
     broken: int
     m1_p: float
@@ -97,6 +101,7 @@ class SliceCorrection(TypedDict):
     m1_tests: int
     m2_tests: int
     mde_alpha: float
+    ci_level: float
 
 
 class SliceComparison(TypedDict):
@@ -135,6 +140,7 @@ def _slice_row(run_a: RunData, run_b: RunData, spec: SliceSpec, ids: list[str]) 
         "a": rate_with_ci(right_a, n),
         "b": rate_with_ci(right_b, n),
         "m1_delta_pp": (right_b - right_a) / n * 100 if n else None,
+        "m1_delta_ci_pp": None,
         "fixed": fixed,
         "broken": broken,
         "m1_p": mcnemar_exact(fixed, broken),
@@ -220,9 +226,14 @@ def _correct(pairs: list[SlicePair], method: str) -> SliceCorrection:
         row["m2_p_adjusted"] = adj
         row["m2_significant"] = adj < ALPHA
     mde_alpha = ALPHA / max(1, tests)
+    z = normal_quantile(1 - mde_alpha / 2)
     for row in rows:
         discordant = row["fixed"] + row["broken"]
         row["m1_mde_pp"], row["m1_mde_basis"] = _mde(row["n"], discordant, mde_alpha)
+        both = row["a"]["correct"] - row["broken"]
+        neither = row["n"] - both - discordant
+        low, high = paired_diff_interval(both, row["fixed"], row["broken"], neither, z)
+        row["m1_delta_ci_pp"] = [low * 100, high * 100]
         row["verdict"] = _verdict(row, tests)
     return {
         "method": method,
@@ -232,6 +243,7 @@ def _correct(pairs: list[SlicePair], method: str) -> SliceCorrection:
         "m1_tests": len(m1),
         "m2_tests": len(m2),
         "mde_alpha": mde_alpha,
+        "ci_level": 1 - mde_alpha,
     }
 
 
@@ -306,6 +318,13 @@ def _p_cell(p: float | None, adjusted: float | None) -> str:
     return "-" if p is None or adjusted is None else f"{p:.2g} ({adjusted:.2g})"
 
 
+def _delta_cell(row: SliceRow) -> str:
+    delta, ci = row["m1_delta_pp"], row["m1_delta_ci_pp"]
+    if delta is None:
+        return "n/a"
+    return f"{delta:+.2f} pp" + ("" if ci is None else f" [{ci[0]:+.1f}, {ci[1]:+.1f}]")
+
+
 def _m2_cell(m2: PairedM2) -> str:
     if m2["delta_pp"] is None:
         return "not comparable"
@@ -319,7 +338,7 @@ def _table(pair: SlicePair) -> list[str]:
             "n",
             "A m1",
             "B m1",
-            "m1 delta",
+            "m1 delta [simultaneous CI]",
             "fixed/broken",
             "McNemar p (adj.)",
             "m1 MDE",
@@ -335,7 +354,7 @@ def _table(pair: SlicePair) -> list[str]:
                 str(row["n"]),
                 score_text(a["correct"], a["total"], a["rate"]),
                 score_text(b["correct"], b["total"], b["rate"]),
-                "n/a" if row["m1_delta_pp"] is None else f"{row['m1_delta_pp']:+.2f} pp",
+                _delta_cell(row),
                 f"{row['fixed']}/{row['broken']}",
                 _p_cell(row["m1_p"], row["m1_p_adjusted"]),
                 "n/a" if row["m1_mde_pp"] is None else f"{row['m1_mde_pp']:.1f} pp",
@@ -356,7 +375,9 @@ def format_slices(result: SliceComparison) -> str:
         f"{corr['alpha']:g})",
         f"  m1 MDE: the smallest m1 difference detectable at 80% power at the level the "
         f"correction asks of a slice that differs alone (alpha/{corr['tests']} = "
-        f"{corr['mde_alpha']:.2g})",
+        f"{corr['mde_alpha']:.2g}); the m1 delta's interval is paired (Newcombe) at "
+        f"{corr['ci_level']:.2%}, so that all the slices' intervals hold together with 95% "
+        "confidence (Bonferroni)",
     ]
     for pair in result["pairs"]:
         lines.append("")

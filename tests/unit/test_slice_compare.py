@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_memeval.core.stats import holm, mcnemar_exact
+from pytest_memeval.core.stats import holm, mcnemar_exact, normal_quantile, paired_diff_interval
 from pytest_memeval.tools.cli import main
 from pytest_memeval.tools.compare import load_run
 from pytest_memeval.tools.slice_compare import compare_slices
@@ -59,6 +59,11 @@ def test_a_drop_in_one_slice_is_flagged_and_the_others_are_not(tmp_path: Path) -
     assert (door["n"], door["fixed"], door["broken"]) == (40, 0, 20)
     assert door["m1_delta_pp"] == -50.0
     assert door["m1_p"] == mcnemar_exact(0, 20)
+    # Newcombe's paired interval at the Bonferroni level of the family (8 tests).
+    z = normal_quantile(1 - 0.05 / 8 / 2)
+    low, high = paired_diff_interval(20, 0, 20, 0, z)
+    assert door["m1_delta_ci_pp"] == [low * 100, high * 100]
+    assert -100 < low * 100 < -50 < high * 100 < 0
     # 4 m1 tests and 4 m2 tests (every scenario's turns are comparable): one family of 8.
     corr = result["correction"]
     assert (corr["tests"], corr["m1_tests"], corr["m2_tests"]) == (8, 4, 4)
