@@ -31,8 +31,8 @@ def _optional(name: str) -> Any:
 multitest = _optional("statsmodels.stats.multitest")
 needs_statsmodels = pytest.mark.skipif(multitest is None, reason="statsmodels is not installed")
 
-#: The simulated benchmark: scenarios, their tags (three query kinds, three length buckets,
-#: two overlapping door tags: eight slices, sizes 17..150), turns per scenario.
+#: The simulated benchmark: 150 scenarios, their tags (three query kinds of 50, three length
+#: buckets of 60, 60 and 30, two overlapping door tags of about 120 and 45: eight slices).
 N = 150
 
 
