@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pytest_memeval.core.benchmark import dump_record  # noqa: E402
+from pytest_memeval.core.benchmark import dump_record, training_format  # noqa: E402
 from pytest_memeval.core.builders import scene_memory  # noqa: E402
 
 OPEN_CONTAINERS = ("counter", "sink", "table", "shelf", "stove")
@@ -195,7 +195,8 @@ def build_split(out: Path, tasks_name: str, split: str) -> dict[str, int]:
         if variant == "oracle":
             options["init_state_manifest"] = "init_state_manifest.jsonl"
         records = list(scene_memory.build(options, out))
-        write_jsonl(out / variant / f"{split}.jsonl", records)
+        # Training format: the builder's tags and meta are evaluation metadata.
+        write_jsonl(out / variant / f"{split}.jsonl", [training_format(r) for r in records])
         unaligned = 0
         for r in records:
             n_turns = sum(m["role"] == "assistant" for m in r["messages"]) - 1

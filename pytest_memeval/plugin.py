@@ -181,6 +181,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the run and flagged in their records and the summary. Default: "
         "memeval_allow_overlong ini.",
     )
+    group.addoption(
+        "--memeval-slices",
+        dest="memeval_slices",
+        action="store_true",
+        default=None,
+        help="show m1 and m2 per tag (slice) of the benchmark in the memeval summary, with "
+        "their intervals (metrics.json and the HTML report always have them). Default: "
+        "memeval_slices ini.",
+    )
     parser.addini(
         "memeval_profiles",
         "TOML file holding [tool.memeval.ckpt.*] profiles (default: pyproject.toml in rootdir)",
@@ -191,6 +200,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "memeval_allow_overlong",
         "evaluate (and flag) scenarios longer than the model's context instead of refusing",
+        type="bool",
+        default=False,
+    )
+    parser.addini(
+        "memeval_slices",
+        "show m1 and m2 per tag (slice) in the memeval summary",
         type="bool",
         default=False,
     )

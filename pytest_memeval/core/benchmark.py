@@ -7,7 +7,12 @@ A benchmark is a JSONL file (or a builder's output) of scenario records::
                   {"role": "assistant", "content": "pick mug from counter"}, ...,
                   {"role": "user", "content": "where is the mug?"},
                   {"role": "assistant", "content": "cabinet_left"}],
-     "memory_chain": ["pick mug from counter", ...]}
+     "memory_chain": ["pick mug from counter", ...],
+     "tags": ["query:recent-object", "chain:11-20"], "meta": {"scene_id": "k003"}}
+
+``tags`` and ``meta`` are optional evaluation metadata (:mod:`pytest_memeval.core.tags`):
+they name the slices a scenario belongs to and travel into its record, but they are not part
+of the training format (:meth:`Scenario.to_record`) or of any prompt.
 
 This module validates records into :class:`Scenario` objects and raises
 :class:`BenchmarkError` naming the file and line (or scenario) for anything malformed.
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.ids import IdCollision, IdMap
+from pytest_memeval.core.tags import MAX_DISTINCT_TAGS, check_meta, check_tags, slice_order
 
 __all__ = [
     "ROLES",
@@ -36,10 +42,13 @@ __all__ = [
     "load_jsonl",
     "parse_record",
     "read_jsonl_records",
+    "training_format",
 ]
 
 #: Roles a message may carry. Anything else is a data error, not a silent skip.
 ROLES = ("system", "user", "assistant")
+#: Fields of a benchmark record that are evaluation metadata, not training data.
+METADATA_FIELDS = ("tags", "meta")
 
 
 class BenchmarkError(ValueError):
@@ -58,6 +67,12 @@ def dump_record(record: Mapping[str, Any]) -> str:
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
+def training_format(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A benchmark record without its evaluation metadata (``tags``, ``meta``): what a
+    training-format file holds (the demo generator writes its files with it)."""
+    return {k: v for k, v in record.items() if k not in METADATA_FIELDS}
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One validated scenario.
@@ -71,6 +86,10 @@ class Scenario:
     messages: tuple[Mapping[str, str], ...]
     memory_chain: tuple[str, ...] | None
     source: str
+    #: the slices the scenario belongs to (``tags`` of the record; evaluation metadata)
+    tags: tuple[str, ...] = ()
+    #: the record's free ``meta`` object, carried into its record (``None``: not given)
+    meta: Mapping[str, Any] | None = None
 
     @property
     def assistant_indices(self) -> tuple[int, ...]:
@@ -111,10 +130,18 @@ class Scenario:
             return "message"
         return "memory_chain" if self.aligned else "unaligned"
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self, *, metadata: bool = False) -> dict[str, Any]:
+        """The scenario as a record: by default the training format (``id``, ``messages``,
+        ``memory_chain``), what :func:`dump_record` writes and the byte guards compare;
+        ``metadata`` adds ``tags`` and ``meta`` where the scenario has them (the benchmark's
+        fingerprint covers them)."""
         record: dict[str, Any] = {"id": self.id, "messages": [dict(m) for m in self.messages]}
         if self.memory_chain is not None:
             record["memory_chain"] = list(self.memory_chain)
+        if metadata and self.tags:
+            record["tags"] = list(self.tags)
+        if metadata and self.meta is not None:
+            record["meta"] = dict(self.meta)
         return record
 
 
@@ -130,7 +157,7 @@ def parse_record(obj: Any, *, where: str, index: int) -> Scenario:
     if not isinstance(sid, str) or not sid.strip():
         return _raise(where, "field 'id' is missing or not a non-empty string")
     where = f"{where} (scenario {sid!r})"
-    unknown = set(obj) - {"id", "messages", "memory_chain"}
+    unknown = set(obj) - {"id", "messages", "memory_chain", "tags", "meta"}
     if unknown:
         return _raise(where, f"unknown field(s) {sorted(unknown)}")
     messages = obj.get("messages")
@@ -164,12 +191,19 @@ def parse_record(obj: Any, *, where: str, index: int) -> Scenario:
         not isinstance(chain, list) or not all(isinstance(s, str) for s in chain)
     ):
         return _raise(where, "field 'memory_chain' must be a list of strings")
+    try:
+        tags = check_tags(obj["tags"]) if "tags" in obj else ()
+        meta = check_meta(obj["meta"]) if "meta" in obj else None
+    except ValueError as exc:
+        return _raise(where, str(exc))
     return Scenario(
         id=sid,
         index=index,
         messages=tuple(checked),
         memory_chain=tuple(chain) if chain is not None else None,
         source=where,
+        tags=tags,
+        meta=meta,
     )
 
 
@@ -223,6 +257,11 @@ class Benchmark:
     def ids(self) -> list[str]:
         return [s.id for s in self.scenarios]
 
+    @cached_property
+    def tags(self) -> list[str]:
+        """Every tag of the benchmark, in the order slices are shown."""
+        return slice_order(tag for s in self.scenarios for tag in s.tags)
+
     def by_id(self) -> dict[str, Scenario]:
         return {s.id: s for s in self.scenarios}
 
@@ -235,6 +274,7 @@ class Benchmark:
 def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
     scenarios: list[Scenario] = []
     seen: dict[str, str] = {}
+    distinct: set[str] = set()
     digest = hashlib.sha256()
     for where, obj in items:
         scenario = parse_record(obj, where=where, index=len(scenarios))
@@ -244,8 +284,17 @@ def _collect(items: Iterable[tuple[str, Any]], source: str) -> Benchmark:
                 f"(first seen at {seen[scenario.id]})"
             )
         seen[scenario.id] = where
-        digest.update(dump_record(scenario.to_record()).encode("utf-8"))
+        # Tags and meta are in the fingerprint (they decide the slices of the metrics), and
+        # only where given: an untagged benchmark keeps the fingerprint it always had.
+        digest.update(dump_record(scenario.to_record(metadata=True)).encode("utf-8"))
         scenarios.append(scenario)
+        distinct.update(scenario.tags)
+        if len(distinct) > MAX_DISTINCT_TAGS:
+            raise BenchmarkError(
+                f"{where}: the benchmark has more than {MAX_DISTINCT_TAGS} distinct tags: a tag "
+                "names a slice of scenarios (a category), not a scenario; put per-scenario "
+                "values in 'meta'"
+            )
     if not scenarios:
         raise BenchmarkError(f"{source}: the benchmark has no scenarios")
     benchmark = Benchmark(tuple(scenarios), source, "sha256:" + digest.hexdigest())

@@ -8,12 +8,13 @@ functions over plain values: nothing here knows about runs, records or pytest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
     "ELLIPSIS",
     "SHOWN",
+    "columns",
     "counts_text",
     "per_second",
     "percent",
@@ -79,6 +80,17 @@ def score_text(correct: int, total: int, rate: float | None) -> str:
     """A rate of right answers with its counts: ``167/189 = 88.36%``, or ``0/0 = n/a`` when
     there is nothing to score (``rate`` is ``None``)."""
     return f"{correct}/{total} = {'n/a' if rate is None else percent(rate)}"
+
+
+def columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as aligned text columns (two spaces apart, trailing spaces cut)."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def counts_text(counts: Mapping[str, Any]) -> str:

@@ -19,11 +19,19 @@ from pytest_memeval.core.records import (
     Metrics,
     RateBlock,
     Record,
+    SliceBlock,
 )
-from pytest_memeval.core.stats import ClusterSums, clustered_rate_with_ci, rate_with_ci
+from pytest_memeval.core.stats import (
+    ClusterSums,
+    clustered_rate_with_ci,
+    min_detectable_drop,
+    rate_with_ci,
+)
+from pytest_memeval.core.tags import slice_order
 
 __all__ = [
     "METRICS_SCHEMA_VERSION",
+    "SliceTally",
     "Tally",
     "metrics_document",
     "rate_block",
@@ -61,6 +69,33 @@ def _with_interval(block: RateBlock, interval: RateBlock) -> RateBlock:
 
 
 @dataclass
+class SliceTally:
+    """Running counts of one slice (the records that carry one tag): constant memory."""
+
+    n: int = 0
+    m1_correct: int = 0
+    unaligned: int = 0
+    m2_correct: int = 0
+    m2_clusters: ClusterSums = field(default_factory=ClusterSums)
+
+    def block(self) -> SliceBlock:
+        """The slice's entry of ``slices`` in metrics.json (docs/results-schema.md)."""
+        mde = min_detectable_drop(self.n)
+        return {
+            "n": self.n,
+            "m1": _with_interval(
+                rate_block(self.m1_correct, self.n), rate_with_ci(self.m1_correct, self.n)
+            ),
+            "m2": _with_interval(
+                rate_block(self.m2_correct, self.m2_clusters.n),
+                clustered_rate_with_ci(self.m2_correct, self.m2_clusters),
+            ),
+            "unaligned": self.unaligned,
+            "m1_mde_pp": None if mde is None else mde * 100,
+        }
+
+
+@dataclass
 class Tally:
     """Running counts over scenario records."""
 
@@ -77,6 +112,8 @@ class Tally:
     by_position: dict[int, list[int]] = field(default_factory=dict)
     #: m2's turns clustered by scenario (for its interval): integer sums, constant memory.
     m2_clusters: ClusterSums = field(default_factory=ClusterSums)
+    #: per tag (at most MAX_DISTINCT_TAGS of them): the slices of metrics.json
+    slices: dict[str, SliceTally] = field(default_factory=dict)
 
     def add(self, record: Record) -> None:
         self.n += 1
@@ -100,6 +137,14 @@ class Tally:
         self.m2_correct += right
         if scored:
             self.m2_clusters = self.m2_clusters.add(right, scored)
+        for tag in record.get("tags", ()):
+            part = self.slices.setdefault(tag, SliceTally())
+            part.n += 1
+            part.m1_correct += bool(record["final_match"])
+            part.unaligned += not record["aligned"]
+            if scored:
+                part.m2_correct += right
+                part.m2_clusters = part.m2_clusters.add(right, scored)
 
     def extend(self, records: Iterable[Record]) -> Tally:
         for record in records:
@@ -111,7 +156,8 @@ class Tally:
 
         m1 carries its 95% Wilson interval; m2 its interval clustered by scenario (the turns
         of one scenario share a scene and a history: they are not independent), with the
-        number of clusters. ``ci95_method`` names the method (docs/statistics.md).
+        number of clusters. ``ci95_method`` names the method (docs/statistics.md). ``slices``:
+        the same per tag, in the order slices are shown (``{}`` when no record has tags).
         """
         m1 = rate_with_ci(self.m1_correct, self.n)
         return {
@@ -125,6 +171,7 @@ class Tally:
             "parse_fail": {"final": self.parse_fail_final, "turns": self.parse_fail_turns},
             "stop_flags": stop_flags_kind(self.no_stop_flags, self.n),
             "overlong": self.overlong,
+            "slices": {tag: self.slices[tag].block() for tag in slice_order(self.slices)},
         }
 
 
@@ -165,6 +212,7 @@ def metrics_document(
         "parse_fail": counts["parse_fail"],
         "stop_flags": counts["stop_flags"],
         "overlong": counts["overlong"],
+        "slices": counts["slices"],
         "scope": dict(scope),
         "missing": missing,
         "not_selected": not_selected,

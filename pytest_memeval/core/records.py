@@ -27,6 +27,7 @@ from typing import Literal, TypedDict, cast
 
 from pytest_memeval.core.formatting import shorten
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY
+from pytest_memeval.core.tags import check_tags, meta_problem, tag_problem
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -42,6 +43,7 @@ __all__ = [
     "RecordError",
     "Rollout",
     "ShardScope",
+    "SliceBlock",
     "Turn",
     "TurnOutput",
     "read_records",
@@ -141,8 +143,11 @@ class _RecordFields(TypedDict):
 class Record(_RecordFields, total=False):
     """One line of ``predictions.jsonl``: what :func:`~pytest_memeval.core.scoring.score`
     builds, plus the context the runtime adds (``worker``, ``device``, ``decode_s``, the
-    batch fields) and the optional ``notes`` and ``overlong``."""
+    batch fields) and the optional ``notes`` and ``overlong``; ``tags`` and ``meta`` where
+    the benchmark gives them (:mod:`pytest_memeval.core.tags`)."""
 
+    tags: list[str]
+    meta: dict[str, object]
     worker: str
     device: str
     decode_s: float
@@ -168,6 +173,20 @@ class RateBlock(_RateCounts, total=False):
     ci95: list[float] | None
     ci95_method: str | None
     clusters: int
+
+
+class SliceBlock(TypedDict):
+    """One entry of ``slices`` in metrics.json: the scenarios that carry one tag.
+
+    ``m1`` and ``m2`` as the run's own blocks (Wilson interval; interval clustered by
+    scenario, over the slice's aligned scenarios); ``m1_mde_pp`` the smallest m1 difference
+    ``n`` paired scenarios can detect at best (80% power, alpha 0.05; null below 6)."""
+
+    n: int
+    m1: RateBlock
+    m2: RateBlock
+    unaligned: int
+    m1_mde_pp: float | None
 
 
 class ParseFailCounts(TypedDict):
@@ -205,10 +224,11 @@ class Counts(_CountFields, total=False):
     """The count fields of ``metrics.json``: what the aggregate
     (:meth:`pytest_memeval.core.metrics.Tally.counts`) and the recount
     (:func:`pytest_memeval.core.recount.recount_file`) compute and must agree on.
-    ``stop_flags`` and ``overlong`` came later: older metrics lack them."""
+    ``stop_flags``, ``overlong`` and ``slices`` came later: older metrics lack them."""
 
     stop_flags: str
     overlong: int
+    slices: dict[str, SliceBlock]
 
 
 class _MetricsFields(_CountFields):
@@ -246,6 +266,7 @@ class Metrics(_MetricsFields, total=False):
 
     stop_flags: str
     overlong: int
+    slices: dict[str, SliceBlock]
     m2_by_position: dict[str, PositionCounts]
     generated_turns: int
     fingerprints: Fingerprints
@@ -348,6 +369,8 @@ _RECORD_REQUIRED = _specs(
     ("prompt_tail", "str", False),
 )
 _RECORD_OPTIONAL = _specs(
+    ("tags", "list", False),
+    ("meta", "object", False),
     ("worker", "str", False),
     ("device", "str", False),
     ("decode_s", "number", False),
@@ -400,6 +423,7 @@ _METRICS_REQUIRED = _specs(
 _METRICS_OPTIONAL = _specs(
     ("stop_flags", "str", False),
     ("overlong", "int", False),
+    ("slices", "object", False),
     ("m2_by_position", "object", False),
     ("generated_turns", "int", False),
     ("fingerprints", "object", False),
@@ -410,6 +434,15 @@ _METRICS_OPTIONAL = _specs(
     ("created", "str", False),
     ("overrides", "object", False),
     ("merged_from", "list", False),
+)
+
+
+_SLICE = _specs(
+    ("n", "int", False),
+    ("m1", "object", False),
+    ("m2", "object", False),
+    ("unaligned", "int", False),
+    ("m1_mde_pp", "number", True),
 )
 
 
@@ -532,6 +565,13 @@ def validate_record(obj: object, where: str) -> Record:
     check = _record_id(record, where)
     check.fields(record, _RECORD_REQUIRED)
     check.fields(record, _RECORD_OPTIONAL, required=False)
+    if "tags" in record:
+        try:
+            check_tags(record["tags"])
+        except ValueError as exc:
+            raise check.fail("tags", str(exc)) from None
+    if "meta" in record and (problem := meta_problem(record["meta"])) is not None:
+        raise check.fail("meta", problem)
     if "notes" in record:
         check.strings(record["notes"], "notes")
     if "overlong" in record:
@@ -634,9 +674,9 @@ def validate_metrics(obj: object, where: str, *, counts_only: bool = False) -> M
     check.fields(doc, _METRICS_REQUIRED, required=not counts_only)
     check.fields(doc, _METRICS_OPTIONAL, required=False)
     for block in ("m1", "m2"):
-        rates = check.obj(doc[block], block)
-        check.fields(rates, _RATE_REQUIRED, prefix=f"{block}.")
-        check.fields(rates, _RATE_OPTIONAL, prefix=f"{block}.", required=False)
+        _check_rates(check, doc[block], block)
+    if "slices" in doc:
+        _check_slices(check, cast("dict[str, object]", doc["slices"]))
     check.fields(
         check.obj(doc["parse_fail"], "parse_fail"),
         _PARSE_FAIL,
@@ -662,6 +702,31 @@ def validate_metrics(obj: object, where: str, *, counts_only: bool = False) -> M
     if m1["total"] != doc["n"]:
         raise check.fail("m1.total", f"field 'm1.total' is {m1['total']}, but 'n' is {doc['n']}")
     return cast(Metrics, doc)
+
+
+def _check_rates(check: _Checker, value: object, name: str) -> None:
+    """An ``m1``/``m2`` block: the counts and rate, the interval fields where present."""
+    rates = check.obj(value, name)
+    check.fields(rates, _RATE_REQUIRED, prefix=f"{name}.")
+    check.fields(rates, _RATE_OPTIONAL, prefix=f"{name}.", required=False)
+
+
+def _check_slices(check: _Checker, slices: dict[str, object]) -> None:
+    """``slices``: a valid tag -> one :class:`SliceBlock` each, ``m1.total == n``."""
+    for tag, value in slices.items():
+        where = f"slices[{tag!r}]"
+        if (problem := tag_problem(tag)) is not None:
+            raise check.fail("slices", f"field 'slices': {problem}")
+        block = check.obj(value, where)
+        check.fields(block, _SLICE, prefix=f"{where}.")
+        for rates in ("m1", "m2"):
+            _check_rates(check, block[rates], f"{where}.{rates}")
+        total = cast("dict[str, object]", block["m1"])["total"]
+        if total != block["n"]:
+            raise check.fail(
+                f"{where}.m1.total",
+                f"field '{where}.m1.total' is {total}, but '{where}.n' is {block['n']}",
+            )
 
 
 def validate_shard_scope(obj: object, where: str) -> ShardScope:

@@ -11,17 +11,26 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from pytest_memeval.core.records import (
     Counts,
     Metrics,
+    RateBlock,
     Record,
     RecordError,
+    SliceBlock,
     read_records,
     validate_metrics,
 )
 from pytest_memeval.core.rundir import sha256_file
-from pytest_memeval.core.stats import ClusterSums, clustered_rate_with_ci, rate_with_ci
+from pytest_memeval.core.stats import (
+    ClusterSums,
+    clustered_rate_with_ci,
+    min_detectable_drop,
+    rate_with_ci,
+)
+from pytest_memeval.core.tags import slice_order
 
 __all__ = ["RecountError", "compare_counts", "recount_file", "recount_run"]
 
@@ -46,7 +55,8 @@ def _records(path: Path) -> Iterator[Record]:
 
 
 def recount_file(path: Path) -> Counts:
-    """Recount the count fields of ``metrics.json`` from a predictions file.
+    """Recount the count fields of ``metrics.json`` from a predictions file (``slices``
+    included: each tag's scenarios recounted on their own).
 
     Every record is checked first (:func:`.records.validate_record`, ids once): a bad line
     is a :class:`RecountError` naming file, line, scenario and field.
@@ -60,6 +70,8 @@ def _recount(records: Iterable[Record]) -> tuple[Counts, dict[str, dict[str, int
     n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
     with_flags = without_flags = overlong = 0
     per_scenario: list[tuple[int, int]] = []  # (right, scored) of each aligned scenario
+    # Per tag (a slice), one _Outcome per record that carries it: recounted below.
+    by_tag: dict[str, list[_Outcome]] = {}
     for rec in records:
         n += 1
         if rec["final_match"] is True:
@@ -88,31 +100,74 @@ def _recount(records: Iterable[Record]) -> tuple[Counts, dict[str, dict[str, int
         turn_scored += here_scored
         turn_ok += here_ok
         per_scenario.append((here_ok, here_scored))
-    m1_ci = rate_with_ci(final_ok, n)
-    m2_ci = clustered_rate_with_ci(turn_ok, ClusterSums.of(per_scenario))
+        outcome = _Outcome(rec["final_match"] is True, rec["aligned"] is True, here_ok, here_scored)
+        for tag in rec.get("tags", []):
+            by_tag.setdefault(tag, []).append(outcome)
+    m1, m2 = _rate_blocks(final_ok, n, turn_ok, ClusterSums.of(per_scenario))
+    assert m2["total"] == turn_scored  # the sums count the same turns
     counts: Counts = {
         "n": n,
-        "m1": {
-            "correct": final_ok,
-            "total": n,
-            "rate": final_ok / n if n else None,
-            "ci95": m1_ci["ci95"],
-            "ci95_method": m1_ci["ci95_method"],
-        },
-        "m2": {
-            "correct": turn_ok,
-            "total": turn_scored,
-            "rate": turn_ok / turn_scored if turn_scored else None,
-            "ci95": m2_ci["ci95"],
-            "ci95_method": m2_ci["ci95_method"],
-            "clusters": m2_ci["clusters"],
-        },
+        "m1": m1,
+        "m2": m2,
         "unaligned": unaligned,
         "parse_fail": {"final": pf_final, "turns": pf_turns},
         "stop_flags": _stop_flags(with_flags, without_flags),
         "overlong": overlong,
+        "slices": {tag: _recount_slice(by_tag[tag]) for tag in slice_order(by_tag)},
     }
     return counts, dict(sorted(positions.items(), key=lambda kv: int(kv[0])))
+
+
+def _rate_blocks(
+    final_ok: int, n: int, turn_ok: int, sums: ClusterSums
+) -> tuple[RateBlock, RateBlock]:
+    """The m1 and m2 blocks, written out field by field from the recounted numbers (the
+    interval formulas are stats.py's; the counts and their order are this module's)."""
+    m1_ci = rate_with_ci(final_ok, n)
+    m2_ci = clustered_rate_with_ci(turn_ok, sums)
+    m1: RateBlock = {
+        "correct": final_ok,
+        "total": n,
+        "rate": final_ok / n if n else None,
+        "ci95": m1_ci["ci95"],
+        "ci95_method": m1_ci["ci95_method"],
+    }
+    m2: RateBlock = {
+        "correct": turn_ok,
+        "total": sums.n,
+        "rate": turn_ok / sums.n if sums.n else None,
+        "ci95": m2_ci["ci95"],
+        "ci95_method": m2_ci["ci95_method"],
+        "clusters": m2_ci["clusters"],
+    }
+    return m1, m2
+
+
+class _Outcome(NamedTuple):
+    """What a slice's recount needs of one record (not the record: constant size)."""
+
+    final_ok: bool
+    aligned: bool
+    turns_ok: int
+    turns_scored: int
+
+
+def _recount_slice(outcomes: list[_Outcome]) -> SliceBlock:
+    """One slice's block, from the outcomes of the records that carry its tag."""
+    n = len(outcomes)
+    final_ok = sum(1 for o in outcomes if o.final_ok)
+    unaligned = sum(1 for o in outcomes if not o.aligned)
+    clusters = [(o.turns_ok, o.turns_scored) for o in outcomes if o.aligned]
+    turn_ok = sum(right for right, _ in clusters)
+    m1, m2 = _rate_blocks(final_ok, n, turn_ok, ClusterSums.of(clusters))
+    mde = min_detectable_drop(n)
+    return {
+        "n": n,
+        "m1": m1,
+        "m2": m2,
+        "unaligned": unaligned,
+        "m1_mde_pp": None if mde is None else mde * 100,
+    }
 
 
 def _stop_flags(with_flags: int, without_flags: int) -> str:
@@ -145,6 +200,27 @@ def compare_counts(claimed: Mapping[str, object], recounted: Counts) -> list[str
             f"overlong: metrics say {claimed.get('overlong', 0)!r}, "
             f"recount gives {recounted.get('overlong')!r}"
         )
+    # Metrics written before slices existed lack the block: nothing claimed, nothing checked.
+    if "slices" in claimed:
+        problems += _slice_problems(claimed["slices"], recounted.get("slices", {}))
+    return problems
+
+
+def _slice_problems(claimed: object, recounted: Mapping[str, SliceBlock]) -> list[str]:
+    """Differences between the claimed and the recounted ``slices``, one line per tag."""
+    if not isinstance(claimed, dict):
+        return [f"slices: metrics say {claimed!r}, not an object"]
+    problems = []
+    for tag in slice_order([*claimed, *recounted]):
+        mine, theirs = claimed.get(tag), recounted.get(tag)
+        if mine is None:
+            problems.append(f"slices: {tag!r} is missing (recount: {theirs!r})")
+        elif theirs is None:
+            problems.append(f"slices: {tag!r} is claimed, but no record carries that tag")
+        elif mine != theirs:
+            problems.append(f"slices[{tag!r}]: metrics say {mine!r}, recount gives {theirs!r}")
+    if list(claimed) != list(recounted) and not problems:
+        problems.append("slices: the tags are not in the order slices are shown")
     return problems
 
 

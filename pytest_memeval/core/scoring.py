@@ -70,6 +70,11 @@ def score(scenario: Scenario, rollout: Rollout, rules: ParseRules, **context: An
         "decode": rollout.path,
         "prompt_tail": rollout.prompt_tail,
     }
+    # The benchmark's evaluation metadata rides along: the slices are counted from the records.
+    if scenario.tags:
+        record["tags"] = list(scenario.tags)
+    if scenario.meta is not None:
+        record["meta"] = dict(scenario.meta)
     if rollout.notes:
         record["notes"] = list(rollout.notes)
     # The context's keys are chosen by the caller, so mypy cannot check them against

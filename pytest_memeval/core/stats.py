@@ -23,12 +23,15 @@ from pytest_memeval.core.records import RateBlock
 
 __all__ = [
     "CLUSTER_METHOD",
+    "CORRECTIONS",
     "METHOD_WORDS",
     "WILSON_METHOD",
     "WILSON_SCENARIOS_METHOD",
     "WILSON_TURNS_METHOD",
     "Z95",
     "ClusterSums",
+    "adjust_p",
+    "benjamini_hochberg",
     "cluster_se",
     "clustered_rate_with_ci",
     "describe_p",
@@ -419,6 +422,40 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p_values[i]))
         out[i] = running
     return out
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (Benjamini & Hochberg 1995, JRSS B 57:289-300).
+
+    Sort ascending; the i-th smallest (from 1) is multiplied by ``m / i``; running minimum
+    from the largest down so the adjusted values keep the order; capped at 1. Rejecting where
+    the adjusted p < q controls the false discovery rate (the expected share of false
+    findings among those flagged) at q for independent or positively dependent tests; it
+    flags more than Holm, and promises less: not that no flag is false.
+    """
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i], reverse=True)
+    out = [0.0] * m
+    running = 1.0
+    for k, i in enumerate(order):
+        rank = m - k  # 1-based rank of p_values[i] in ascending order
+        running = min(running, p_values[i] * m / rank)
+        out[i] = min(1.0, running)
+    return out
+
+
+#: The corrections :func:`adjust_p` knows: name -> (function, what it controls, in words).
+CORRECTIONS: dict[str, tuple[Callable[[Sequence[float]], list[float]], str]] = {
+    "holm": (holm, "Holm (1979) step-down: family-wise error rate"),
+    "bh": (benjamini_hochberg, "Benjamini-Hochberg (1995): false discovery rate"),
+}
+
+
+def adjust_p(p_values: Sequence[float], method: str = "holm") -> list[float]:
+    """``p_values`` adjusted for multiplicity with ``method`` (a key of :data:`CORRECTIONS`)."""
+    if method not in CORRECTIONS:
+        raise ValueError(f"unknown correction {method!r} (one of {', '.join(CORRECTIONS)})")
+    return CORRECTIONS[method][0](p_values)
 
 
 # -- words ------------------------------------------------------------------------------------

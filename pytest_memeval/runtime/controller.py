@@ -41,6 +41,7 @@ from pytest_memeval.core.runlayout import (
 )
 from pytest_memeval.core.runlock import LockHeld, RunLock, describe_holder
 from pytest_memeval.core.sharding import shard_scope
+from pytest_memeval.core.slices import slice_table
 from pytest_memeval.core.stats import interval_words
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.progress import Progress, ProgressReporter, interval_from
@@ -322,6 +323,11 @@ class MemevalController:
         if not m:
             return
         tr.line(format_summary(m))
+        if _show_slices(self.config):
+            for line in slice_table(m.get("slices") or {}) or [
+                "slices: none (no scenario of the benchmark has tags)"
+            ]:
+                tr.line(line)
         left = len(m["missing"]) + len(m["not_selected"])
         total = self.progress.done + len(m["missing"])
         wall_s = m["timing"]["wall_s"]
@@ -381,6 +387,12 @@ class MemevalController:
             f"run directory: {self.written} (not finished: written beside the finished run)",
             held,
         ]
+
+
+def _show_slices(config: pytest.Config) -> bool:
+    """``--memeval-slices``, else the ``memeval_slices`` ini value."""
+    shown = config.getoption("memeval_slices", None)
+    return bool(config.getini("memeval_slices") if shown is None else shown)
 
 
 def _take_lock(config: pytest.Config, run_dir: Path, stage: Path) -> RunLock | None:

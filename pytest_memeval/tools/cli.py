@@ -23,8 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "merge": ("pytest_memeval.tools.merge", "merge complete shard runs into one run"),
     "compare": (
-        "pytest_memeval.tools.compare",
-        "compare two runs (m1/m2, intervals, McNemar, flips)",
+        "pytest_memeval.tools.compare_command",
+        "compare two runs (m1/m2, intervals, McNemar, flips; per slice with tags)",
     ),
     "report": (
         "pytest_memeval.tools.report",

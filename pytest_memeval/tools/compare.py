@@ -19,14 +19,11 @@ match, and the output says the benchmarks differ.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from pytest_memeval.core.formatting import percent, score_text, shown_ids
+from pytest_memeval.core.formatting import columns, percent, score_text, shown_ids
 from pytest_memeval.core.records import (
     Fingerprints,
     Metrics,
@@ -64,8 +61,6 @@ __all__ = [
     "Power",
     "RunData",
     "RunSummary",
-    "cli_arguments",
-    "cli_main",
     "compare_many",
     "compare_runs",
     "fmt_ci",
@@ -699,14 +694,6 @@ def m2_delta_lines(result: Comparison) -> list[str]:
     return lines
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-
-
 def format_comparison(result: Comparison) -> str:
     """The human-readable comparison (what ``memeval compare`` prints without ``--json``)."""
     a, b = result["a"], result["b"]
@@ -736,7 +723,7 @@ def format_comparison(result: Comparison) -> str:
                 f"{run['parse_fail']['final']}/{run['parse_fail']['turns']}",
             ]
         )
-    lines += _table(rows)
+    lines += columns(rows)
     lines.append("")
     d = result["m1_delta_scenarios"]
     plural = "s" if abs(d) != 1 else ""
@@ -826,7 +813,7 @@ def format_many(result: ManyComparison) -> str:
                 fmt_m2_ci(row["m2"]),
             ]
         )
-    lines += _table(rows)
+    lines += columns(rows)
     for pair in result["runs"]:
         lines += [
             "",
@@ -836,46 +823,6 @@ def format_many(result: ManyComparison) -> str:
     return "\n".join(lines)
 
 
-# -- CLI -----------------------------------------------------------------------------------
-
-
-def cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``memeval compare``."""
-    parser.add_argument(
-        "run_a", type=Path, metavar="RUN_A", help="run directory A (the reference, the baseline)"
-    )
-    parser.add_argument(
-        "runs",
-        type=Path,
-        nargs="+",
-        metavar="RUN_B",
-        help="run directory B (the candidate); several: each is compared with RUN_A, the "
-        "p-values Holm-corrected, and a leaderboard sorts them by m1",
-    )
-    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
-
-
 def load_pair(path_a: Path, path_b: Path) -> Comparison:
     """Load, check and compare two run directories (raises :class:`CompareError`)."""
     return compare_runs(load_run(path_a), load_run(path_b))
-
-
-def cli_main(args: argparse.Namespace) -> int:
-    """Run ``memeval compare``: 0 when compared, 2 when the runs cannot be compared."""
-    result: Comparison | ManyComparison
-    text: Callable[[], str]
-    try:
-        if len(args.runs) == 1:
-            pair = load_pair(args.run_a, args.runs[0])
-            result, text = pair, lambda: format_comparison(pair)
-        else:
-            many = compare_many(load_run(args.run_a), [load_run(p) for p in args.runs])
-            result, text = many, lambda: format_many(many)
-    except CompareError as exc:
-        print(f"memeval compare: refused: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-    else:
-        print(text())
-    return 0

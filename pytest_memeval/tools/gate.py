@@ -35,15 +35,26 @@ from typing import Any, cast
 import pytest
 
 from pytest_memeval.compat.pytest import report_record
-from pytest_memeval.core.formatting import percent, shown_ids
+from pytest_memeval.core.formatting import shown_ids
 from pytest_memeval.core.ids import item_name
 from pytest_memeval.core.records import Metrics, RateBlock, Record, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
 from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
+from pytest_memeval.core.tags import slice_order
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import STATE_KEY, MemevalState, workerinput
 from pytest_memeval.tools.compare import CompareError, load_run
+from pytest_memeval.tools.gate_checks import GateCheck, drop_check, threshold_check
 from pytest_memeval.tools.known_failures import ExpectError, load_known_failures
+from pytest_memeval.tools.slice_gates import (
+    Outcome,
+    SliceGates,
+    evaluate_slice_gates,
+    outcomes,
+    slice_limits,
+    slice_warnings,
+    split_values,
+)
 
 __all__ = [
     "GATE_KEY",
@@ -66,16 +77,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--memeval-min-m1",
         dest="memeval_min_m1",
         metavar="RATE",
+        action="append",
         default=None,
         help="gate: m1 (final-query accuracy) must reach RATE, e.g. 0.85 or 85%%; the exit "
-        "status then follows the gate, not each wrong answer",
+        "status then follows the gate, not each wrong answer. SLICE=RATE gates a slice "
+        "(query:door-state=0.8; a tag, a glob or TAG&TAG); repeatable",
     )
     group.addoption(
         "--memeval-min-m2",
         dest="memeval_min_m2",
         metavar="RATE",
+        action="append",
         default=None,
-        help="gate: m2 (turn-level accuracy over aligned scenarios) must reach RATE",
+        help="gate: m2 (turn-level accuracy over aligned scenarios) must reach RATE; "
+        "SLICE=RATE gates a slice; repeatable",
     )
     group.addoption(
         "--memeval-baseline",
@@ -89,8 +104,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--memeval-max-drop",
         dest="memeval_max_drop",
         metavar="PP",
+        action="append",
         default=None,
-        help="largest allowed drop against --memeval-baseline, in percentage points (default 0)",
+        help="largest allowed drop against --memeval-baseline, in percentage points (default "
+        "0); SLICE=PP limits a slice's drop; repeatable",
     )
     group.addoption(
         "--memeval-expect",
@@ -141,6 +158,8 @@ class Baseline:
     m2: tuple[int, int]
     #: Each scenario's m1 outcome in the baseline (for the discordance of a paired run).
     m1_outcomes: Mapping[str, bool] = field(default_factory=dict)
+    #: Each scenario's outcomes and tags in the baseline (for the per-slice gates).
+    outcomes: Mapping[str, Outcome] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -151,10 +170,17 @@ class GateSettings:
     min_m2: Fraction | None = None
     baseline: Baseline | None = None
     max_drop: Fraction = Fraction(0)
+    #: the per-slice gates (``SLICE=VALUE``; slice_gates.py)
+    slices: SliceGates = field(default_factory=SliceGates)
 
     @property
     def active(self) -> bool:
-        return self.min_m1 is not None or self.min_m2 is not None or self.baseline is not None
+        return (
+            self.min_m1 is not None
+            or self.min_m2 is not None
+            or self.baseline is not None
+            or self.slices.active
+        )
 
 
 def _load_baseline(path: Path, state: MemevalState) -> Baseline:
@@ -177,43 +203,45 @@ def _load_baseline(path: Path, state: MemevalState) -> Baseline:
         m1=(m["m1"]["correct"], m["m1"]["total"]),
         m2=(m["m2"]["correct"], m["m2"]["total"]),
         m1_outcomes={sid: rec["final_match"] is True for sid, rec in run.records.items()},
+        outcomes=outcomes(run.records.values()),
     )
 
 
 def _settings(config: pytest.Config, state: MemevalState) -> GateSettings:
     opt = config.getoption
-    min_m1 = (
-        parse_rate(opt("memeval_min_m1"), "--memeval-min-m1") if opt("memeval_min_m1") else None
-    )
-    min_m2 = (
-        parse_rate(opt("memeval_min_m2"), "--memeval-min-m2") if opt("memeval_min_m2") else None
-    )
-    max_drop_text = opt("memeval_max_drop")
+    min_m1, m1_slices = split_values(opt("memeval_min_m1"), "--memeval-min-m1")
+    min_m2, m2_slices = split_values(opt("memeval_min_m2"), "--memeval-min-m2")
+    max_drop, drop_slices = split_values(opt("memeval_max_drop"), "--memeval-max-drop")
     baseline_text = opt("memeval_baseline")
-    if max_drop_text is not None and not baseline_text:
+    if opt("memeval_max_drop") and not baseline_text:
         raise pytest.UsageError(
             "--memeval-max-drop needs --memeval-baseline RUN to measure the drop from"
         )
-    max_drop = _parse_pp(max_drop_text, "--memeval-max-drop") if max_drop_text else Fraction(0)
     baseline = None
     if baseline_text:
         path = Path(baseline_text)
         if not path.is_absolute():
             path = Path(config.invocation_params.dir) / path
         baseline = _load_baseline(path, state)
-    return GateSettings(min_m1=min_m1, min_m2=min_m2, baseline=baseline, max_drop=max_drop)
+    # A slice is named by a tag of this run's benchmark or of the baseline's records.
+    known = slice_order(
+        [*state.benchmark.tags]
+        + [t for o in (baseline.outcomes.values() if baseline else ()) for t in o.tags]
+    )
+    return GateSettings(
+        min_m1=parse_rate(min_m1, "--memeval-min-m1") if min_m1 else None,
+        min_m2=parse_rate(min_m2, "--memeval-min-m2") if min_m2 else None,
+        baseline=baseline,
+        max_drop=_parse_pp(max_drop, "--memeval-max-drop") if max_drop else Fraction(0),
+        slices=SliceGates(
+            min_m1=slice_limits(m1_slices, known, "--memeval-min-m1", parse_rate),
+            min_m2=slice_limits(m2_slices, known, "--memeval-min-m2", parse_rate),
+            max_drop=slice_limits(drop_slices, known, "--memeval-max-drop", _parse_pp),
+        ),
+    )
 
 
 # -- evaluation ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GateCheck:
-    """One gate's verdict and the line that explains it."""
-
-    name: str
-    passed: bool
-    detail: str
 
 
 @dataclass
@@ -235,46 +263,14 @@ class GateOutcome:
 GATE_KEY = pytest.StashKey[GateOutcome]()
 
 
-def _pct(value: Fraction) -> str:
-    return percent(float(value))
-
-
-def _pp(value: Fraction) -> str:
-    return f"{float(value):.2f} pp"
-
-
 def _threshold(name: str, block: RateBlock, minimum: Fraction) -> GateCheck:
-    label = f"{name} >= {_pct(minimum)}"
-    if not block["total"]:
-        return GateCheck(label, False, f"{label}: nothing scored for {name}, cannot pass")
-    rate = Fraction(block["correct"], block["total"])
-    margin = (rate - minimum) * 100
-    got = f"{_pct(rate)} ({block['correct']}/{block['total']})"
-    if rate >= minimum:
-        return GateCheck(label, True, f"{label}: {got}, {_pp(margin)} above the threshold")
-    return GateCheck(label, False, f"{label}: {got}, {_pp(-margin)} below the threshold")
+    return threshold_check(name, block["correct"], block["total"], minimum)
 
 
 def _drop(
-    name: str,
-    block: RateBlock,
-    ref: tuple[int, int],
-    baseline: Baseline,
-    max_drop: Fraction,
+    name: str, block: RateBlock, ref: tuple[int, int], path: Path, max_drop: Fraction
 ) -> GateCheck:
-    label = f"{name} drop vs baseline <= {_pp(max_drop)}"
-    if not block["total"]:
-        return GateCheck(label, False, f"{label}: this run scored no {name}, so it cannot pass")
-    ref_rate = Fraction(ref[0], ref[1])
-    rate = Fraction(block["correct"], block["total"])
-    drop = (ref_rate - rate) * 100
-    where = f"{_pct(rate)} vs {_pct(ref_rate)} in {baseline.path}"
-    change = f"dropped {_pp(drop)}" if drop > 0 else f"rose {_pp(-drop)}"
-    if drop <= max_drop:
-        return GateCheck(label, True, f"{label}: {where}: {change}, within the limit")
-    return GateCheck(
-        label, False, f"{label}: {where}: {change}, {_pp(drop - max_drop)} over the limit"
-    )
+    return drop_check(name, (block["correct"], block["total"]), ref, path, max_drop)
 
 
 def evaluate_gate(settings: GateSettings, metrics: Metrics) -> list[GateCheck]:
@@ -295,9 +291,9 @@ def evaluate_gate(settings: GateSettings, metrics: Metrics) -> list[GateCheck]:
         checks.append(_threshold("m2", metrics["m2"], settings.min_m2))
     base = settings.baseline
     if base is not None:
-        checks.append(_drop("m1", metrics["m1"], base.m1, base, settings.max_drop))
+        checks.append(_drop("m1", metrics["m1"], base.m1, base.path, settings.max_drop))
         if base.m2[1] and metrics["m2"]["total"]:
-            checks.append(_drop("m2", metrics["m2"], base.m2, base, settings.max_drop))
+            checks.append(_drop("m2", metrics["m2"], base.m2, base.path, settings.max_drop))
     return checks
 
 
@@ -357,9 +353,16 @@ def wrong_answer(record: Record) -> bool:
 class MemevalGate:
     """Controller side: counts forgiven failures, checks the run, sets the exit status."""
 
-    def __init__(self, config: pytest.Config, settings: GateSettings) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: GateSettings,
+        run_tags: Mapping[str, frozenset[str]] | None = None,
+    ) -> None:
         self.config = config
         self.settings = settings
+        #: each in-scope scenario's tags in this run's benchmark (per-slice warnings)
+        self.run_tags: Mapping[str, frozenset[str]] = run_tags or {}
         self.outcome = GateOutcome()
         config.stash[GATE_KEY] = self.outcome
         self.wrote_run = False
@@ -376,26 +379,51 @@ class MemevalGate:
         if isinstance(record, dict) and wrong_answer(cast(Record, record)):
             self.outcome.forgiven += 1
 
+    def pre_run_warnings(self) -> list[str]:
+        """What the sample sizes alone say, before the run (whole benchmark, then slices)."""
+        base = self.settings.baseline
+        return resolution_warnings(self.settings) + slice_warnings(
+            self.settings.slices, self.run_tags, base.outcomes if base is not None else None
+        )
+
     def pytest_memeval_run_written(self, run_dir: Path, metrics: Metrics) -> None:
         self.wrote_run = True
         self.outcome.checks = evaluate_gate(self.settings, metrics)
-        if self.settings.baseline is not None:
-            # finalize_run wrote these predictions atomically and recounted them (reading and
-            # validating the same file) just before this hook: a RecordError or
-            # UnicodeDecodeError now is a bug in the plugin and propagates. An OSError means
-            # the run directory broke under this session; the run and the gate's checks
-            # stand (this is only the advisory resolution warning), so it is said, not hidden.
-            path = run_dir / PREDICTIONS
-            try:
-                outcomes = {rec["id"]: rec["final_match"] is True for rec in read_records(path)}
-            except OSError as exc:
-                self.outcome.warnings = [
-                    *resolution_warnings(self.settings),
-                    f"could not re-read {path} for the resolution check after the run "
-                    f"({type(exc).__name__}: {exc}); only the pre-run estimate is shown",
-                ]
-                return
-            self.outcome.warnings = resolution_warnings(self.settings, outcomes)
+        slices, base = self.settings.slices, self.settings.baseline
+        if base is None and not slices.active:
+            return
+        # finalize_run wrote these predictions atomically and recounted them (reading and
+        # validating the same file) just before this hook: a RecordError or
+        # UnicodeDecodeError now is a bug in the plugin and propagates. An OSError means the
+        # run directory broke under this session: the whole-benchmark checks stand (the
+        # resolution warning is advisory, so it is said, not hidden), and a per-slice gate,
+        # which needs the records, fails: it could not be checked.
+        path = run_dir / PREDICTIONS
+        try:
+            run = outcomes(read_records(path))
+        except OSError as exc:
+            self.outcome.warnings = [
+                *self.pre_run_warnings(),
+                f"could not re-read {path} for the resolution check after the run "
+                f"({type(exc).__name__}: {exc}); only the pre-run estimate is shown",
+            ]
+            if slices.active:
+                self.outcome.checks.append(
+                    GateCheck(
+                        "slices",
+                        False,
+                        f"slices: could not re-read {path} ({type(exc).__name__}): the "
+                        "per-slice gates cannot be checked",
+                    )
+                )
+            return
+        base_outcomes = base.outcomes if base is not None else None
+        self.outcome.checks += evaluate_slice_gates(
+            slices, run, base_outcomes, base.path if base is not None else None
+        )
+        self.outcome.warnings = resolution_warnings(
+            self.settings, {sid: o.final_ok for sid, o in run.items()}
+        ) + slice_warnings(slices, self.run_tags, base_outcomes, run)
 
     def decide(self, session: pytest.Session) -> int:
         """The session's exit status under the gate (computed once, then fixed)."""
@@ -525,9 +553,11 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     settings = _settings(config, state)
     if settings.active:
-        gate = MemevalGate(config, settings)
+        scope = set(state.scope_ids)
+        tags = {s.id: frozenset(s.tags) for s in state.benchmark.scenarios if s.id in scope}
+        gate = MemevalGate(config, settings, tags)
         # Known before any model loads; the run adds its own figure when written.
-        gate.outcome.warnings = resolution_warnings(settings)
+        gate.outcome.warnings = gate.pre_run_warnings()
         config.pluginmanager.register(gate, "memeval-gate")
     if expect:
         path = Path(expect)

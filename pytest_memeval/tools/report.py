@@ -47,6 +47,12 @@ from pytest_memeval.tools.compare import (
     m2_delta_lines,
     run_summary,
 )
+from pytest_memeval.tools.slice_compare import (
+    SliceComparison,
+    compare_slices,
+    run_tags,
+    slice_arguments,
+)
 from pytest_memeval.tools.summary_md import markdown_report
 from pytest_memeval.tools.templating import render, static_text
 
@@ -329,12 +335,34 @@ def _filters(two: bool) -> list[tuple[str, str]]:
     return options
 
 
-def render_report(runs: Sequence[RunData]) -> str:
-    """The page for one run or two (A, B); raises CompareError if two are not comparable."""
+def _slices(
+    runs: Sequence[RunData], labels: Sequence[str], slices: Sequence[str], method: str
+) -> SliceComparison | None:
+    """The per-slice comparison of ``runs[1:]`` against ``runs[0]`` when the runs have tags
+    (or slices are asked for: an unknown one is refused with CompareError)."""
+    if not slices and not run_tags(*runs):
+        return None
+    return compare_slices(runs[0], runs[1:], labels, slices=slices, method=method)
+
+
+def render_report(
+    runs: Sequence[RunData], *, slices: Sequence[str] = (), method: str = "holm"
+) -> str:
+    """The page for one run or two (A, B); raises CompareError if two are not comparable.
+
+    With two runs whose scenarios carry tags, the page compares them slice by slice
+    (``slices``: which, default all; ``method``: the correction); one run shows its own
+    ``slices`` block.
+    """
     if len(runs) not in (1, 2):
         raise ValueError("render_report takes one or two runs")
     two = len(runs) == 2
     pair = compare_runs(runs[0], runs[1]) if two else None
+    by_slice = (
+        _slices(runs, [pair["a"]["label"], pair["b"]["label"]], slices, method)
+        if pair is not None
+        else None
+    )
     # One run: the same summary fields, no pairing.
     summaries = [pair["a"], pair["b"]] if pair is not None else [run_summary(runs[0].ckpt, runs[0])]
     return render(
@@ -347,6 +375,8 @@ def render_report(runs: Sequence[RunData]) -> str:
         letters=LETTERS[: len(runs)],
         summaries=[dict(s, color=COLORS[i], letter=LETTERS[i]) for i, s in enumerate(summaries)],
         paired=pair,
+        slices=by_slice,
+        run_slices_block={} if two else (runs[0].metrics.get("slices") or {}),
         m2_lines=[line.strip() for line in m2_delta_lines(pair)] if pair is not None else [],
         charts=[
             _interval_chart("m1 final-query, 95% Wilson interval", summaries, "m1"),
@@ -381,10 +411,14 @@ def _pair_rows(pair: Comparison) -> list[tuple[str, str]]:
     ]
 
 
-def render_many(baseline: RunData, runs: Sequence[RunData]) -> str:
+def render_many(
+    baseline: RunData, runs: Sequence[RunData], *, slices: Sequence[str] = (), method: str = "holm"
+) -> str:
     """One page for several runs against a baseline: the leaderboard, a forest plot of the
-    m1 deltas with their paired intervals, and each run's numbers and flips on demand."""
+    m1 deltas with their paired intervals, each run by slice (one family over every run and
+    slice) when the runs have tags, and each run's numbers and flips on demand."""
     result = compare_many(baseline, runs)
+    labels = [result["baseline"]["label"], *(p["b"]["label"] for p in result["runs"])]
     return render(
         "many.html",
         title=f"memeval report: {len(runs)} runs against {result['baseline']['label']}",
@@ -394,16 +428,24 @@ def render_many(baseline: RunData, runs: Sequence[RunData]) -> str:
         leaderboard=result["leaderboard"],
         forest=_forest_plot(result),
         pairs=[{"pair": pair, "rows": _pair_rows(pair)} for pair in result["runs"]],
+        slices=_slices([baseline, *runs], labels, slices, method),
     )
 
 
-def write_report(paths: Sequence[Path], output: Path) -> None:
+def write_report(
+    paths: Sequence[Path], output: Path, *, slices: Sequence[str] = (), method: str = "holm"
+) -> None:
     """Load, check and render runs into ``output`` (atomically; raises CompareError).
 
     One run: that run; two: A against B; more: each against the first (the baseline).
+    ``slices`` and ``method``: the per-slice comparison's slices and correction.
     """
     runs = [load_run(p) for p in paths]
-    page = render_report(runs) if len(runs) <= 2 else render_many(runs[0], runs[1:])
+    page = (
+        render_report(runs, slices=slices, method=method)
+        if len(runs) <= 2
+        else render_many(runs[0], runs[1:], slices=slices, method=method)
+    )
     atomic_write(output, [page])
 
 
@@ -434,6 +476,7 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         help="html (default): the self-contained page; markdown: the summary a CI job page or "
         "a pull-request comment shows (the one pytest appends to $GITHUB_STEP_SUMMARY)",
     )
+    slice_arguments(parser)
 
 
 def cli_main(args: argparse.Namespace) -> int:
@@ -443,12 +486,17 @@ def cli_main(args: argparse.Namespace) -> int:
     output = args.output or (Path("-") if markdown else Path("report.html"))
     try:
         if markdown:
+            # The Markdown summary has no per-slice table yet (the HTML page has one).
             text = markdown_report(paths)
         elif str(output) != "-":
-            write_report(paths, output)
+            write_report(paths, output, slices=args.slices, method=args.correction)
         else:
             runs = [load_run(p) for p in paths]
-            text = render_report(runs) if len(runs) <= 2 else render_many(runs[0], runs[1:])
+            text = (
+                render_report(runs, slices=args.slices, method=args.correction)
+                if len(runs) <= 2
+                else render_many(runs[0], runs[1:], slices=args.slices, method=args.correction)
+            )
     except CompareError as exc:
         print(f"memeval report: refused: {exc}", file=sys.stderr)
         return 2

@@ -26,9 +26,17 @@ Manifest file (JSONL, one scene a line)::
 
     {"scene_id": "k003", "doors": {"fridge": "closed", "drawer": "open"}}
 
-Containers absent from ``doors`` have no door. This module is the only place where scenario
-messages are rendered: the demo generator imports it, so the committed training files and what
-the plugin rebuilds cannot drift apart. Standard library only.
+Containers absent from ``doors`` have no door.
+
+Each record carries ``tags`` (the slices its numbers are also reported for; see
+:func:`scenario_tags`) and ``meta`` (``scene_id``, ``chain_length``, and with the manifest
+``closes_dropped`` and ``opens_inserted``). They are evaluation metadata, not training data:
+the training-format files hold ``id``, ``messages`` and ``memory_chain`` only
+(:func:`pytest_memeval.core.benchmark.training_format`).
+
+This module is the only place where scenario messages are rendered: the demo generator
+imports it, so the committed training files and what the plugin rebuilds cannot drift apart.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CHAIN_BUCKET",
     "DOOR_STATES",
     "Goal",
     "Task",
@@ -51,10 +60,13 @@ __all__ = [
     "load_tasks",
     "parse_subtask",
     "render_record",
+    "scenario_tags",
 ]
 
 #: The values a door may take in the manifest.
 DOOR_STATES = ("open", "closed")
+#: Width of the chain-length buckets of the ``chain:`` tags (``chain:1-10``, ``chain:11-20``...).
+CHAIN_BUCKET = 10
 
 _VERBS = {"pick": ("from", 4), "place": ("in", 4), "open": (None, 2), "close": (None, 2)}
 
@@ -272,6 +284,55 @@ def final_state(
     return where, state
 
 
+def _query_kind(task: Task) -> str:
+    """``door-state`` (``is C open ?``), ``recent-object`` (``where is X ?`` for the object of
+    the chain's last ``place``: its location is the last one the conversation set),
+    ``older-object`` (``where is X ?`` for any other object: its location was set earlier,
+    by an older move or the initial state, and may lie far back in the prompt), ``other``."""
+    words = task.query.split()
+    if len(words) == 4 and words[0] == "is" and words[2:] == ["open", "?"]:
+        return "door-state"
+    if len(words) == 4 and words[:2] == ["where", "is"] and words[3] == "?":
+        places = [parse_subtask(s)[1] for s in task.chain if s.startswith("place ")]
+        return "recent-object" if places and places[-1] == words[2] else "older-object"
+    return "other"
+
+
+def _door_changes(task: Task, turns: Sequence[str]) -> tuple[int, int]:
+    """``(closes dropped, opens inserted)`` by the door-grounded turns against the canonical
+    chain (:func:`ground_goals` only ever drops a ``close`` and inserts an ``open``)."""
+
+    def count(verb: str, subtasks: Sequence[str]) -> int:
+        return sum(1 for s in subtasks if parse_subtask(s)[0] == verb)
+
+    return (
+        count("close", task.chain) - count("close", turns),
+        count("open", turns) - count("open", task.chain),
+    )
+
+
+def scenario_tags(task: Task, oracle_turns: Sequence[str] | None = None) -> list[str]:
+    """The tags of a task's record: the slices the seed's question is about.
+
+    * ``query:door-state`` / ``query:recent-object`` / ``query:older-object`` (``query:other``
+      for a query of neither form): what the final query asks (:func:`_query_kind`);
+    * ``chain:LO-HI``: the canonical chain's length, in buckets of :data:`CHAIN_BUCKET`;
+    * with the door-grounded turns (the oracle variant, ``oracle_turns``):
+      ``oracle:close-dropped`` where a ``close`` of the canonical chain was consolidated away,
+      ``oracle:open-inserted`` where an ``open`` was inserted.
+    """
+    length = len(task.chain)
+    low = (length - 1) // CHAIN_BUCKET * CHAIN_BUCKET + 1
+    tags = [f"query:{_query_kind(task)}", f"chain:{low}-{low + CHAIN_BUCKET - 1}"]
+    if oracle_turns is not None:
+        dropped, inserted = _door_changes(task, oracle_turns)
+        if dropped:
+            tags.append("oracle:close-dropped")
+        if inserted:
+            tags.append("oracle:open-inserted")
+    return tags
+
+
 def _system_prompt(task: Task, doors: Mapping[str, str] | None) -> str:
     """The system message: object locations, and (oracle) the initial door states."""
     text = "objects : " + " , ".join(f"{o} {c}" for o, c in task.objects)
@@ -282,7 +343,7 @@ def _system_prompt(task: Task, doors: Mapping[str, str] | None) -> str:
 
 
 def render_record(task: Task, doors: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Render one task as a benchmark record.
+    """Render one task as a benchmark record, with its ``tags`` and ``meta``.
 
     ``doors is None`` renders the baseline variant (turns = canonical chain); otherwise the
     oracle variant grounded on those initial door states. Each turn's user message is the goal
@@ -298,7 +359,18 @@ def render_record(task: Task, doors: Mapping[str, str] | None = None) -> dict[st
         messages.append({"role": "assistant", "content": subtask})
     messages.append({"role": "user", "content": task.query})
     messages.append({"role": "assistant", "content": task.answer})
-    return {"id": task.id, "messages": messages, "memory_chain": task.chain}
+    grounded = None if doors is None else [subtask for _, subtask in turns]
+    meta: dict[str, Any] = {"scene_id": task.scene_id, "chain_length": len(task.chain)}
+    if grounded is not None:
+        dropped, inserted = _door_changes(task, grounded)
+        meta.update(closes_dropped=dropped, opens_inserted=inserted)
+    return {
+        "id": task.id,
+        "messages": messages,
+        "memory_chain": task.chain,
+        "tags": scenario_tags(task, grounded),
+        "meta": meta,
+    }
 
 
 def build_records(
