@@ -60,7 +60,7 @@ _GGUF_MIN = "0.10.0"
 
 def is_gguf(path: Path | None) -> bool:
     """Whether a profile's ``model`` names a GGUF file (by its ``.gguf`` suffix)."""
-    return path is not None and path.suffix.lower() == ".gguf"
+    return path is not None and path.suffix.lower() == ".gguf" and not path.is_dir()
 
 
 @dataclass(frozen=True)
