@@ -254,3 +254,32 @@ def test_bench_on_a_gguf_profile_converts_it_once_and_prints_the_floor(
     assert out.strip().endswith("predictions identical: yes")
     assert main(args) == 0  # the conversion is there now
     assert "memeval: converting" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_token_guards_of_a_gguf_profile_use_the_files_tokenizer(
+    tiny: tuple[Path, dict[str, Any]], memeval_project: MemevalProject
+) -> None:
+    """A plain ``pytest`` (no ``--ckpt``) guarding a GGUF profile's prompt tokens renders
+    them with the file's own tokenizer, from its conversion (made once)."""
+    from transformers import AutoTokenizer
+
+    records = _project(memeval_project, tiny[0])
+    root = memeval_project.path
+    with (root / "pyproject.toml").open("a", encoding="utf-8") as fh:
+        fh.write('\n[tool.memeval.guards.tiny]\nsnapshot = ["tokens"]\n')
+    (root / "test_tiny_guards.py").write_text(
+        "from pytest_memeval.guard_tests import test_prompt_prefix, test_prompt_tokens"
+        "  # noqa: F401\n",
+        "utf-8",
+    )
+    first = memeval_project.run("test_tiny_guards.py", "--snapshot-update")
+    assert first.ret == pytest.ExitCode.OK, first.stdout.str() + first.stderr.str()
+    again = memeval_project.run("test_tiny_guards.py")
+    again.assert_outcomes(passed=2 * len(records))  # tokens and prefix, per scenario
+    conversion = next(p for p in (root / ".cache" / "gguf").iterdir() if p.is_dir())
+    ids = AutoTokenizer.from_pretrained(str(conversion)).apply_chat_template(
+        records[0]["messages"]
+    )["input_ids"]
+    snapshot = next((root / "__snapshots__").rglob(f"*tiny-{records[0]['id']}*.tokens"))
+    assert f"conversation {len(ids)}: {' '.join(map(str, ids))}\n" in snapshot.read_text("utf-8")
