@@ -105,8 +105,8 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _write_conversion(path: Path, fingerprint: str, out: Path) -> None:
-    """Dequantize ``path`` with transformers and write it to ``out`` as a plain checkpoint."""
+def _load_gguf(path: Path) -> tuple[Any, Any]:
+    """transformers' own load of a GGUF file: ``(model, tokenizer)``, float32, dequantized."""
     _require_gguf_package(path)
     # Deferred: torch and transformers take seconds to import; only a conversion needs them.
     import torch
@@ -115,14 +115,13 @@ def _write_conversion(path: Path, fingerprint: str, out: Path) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    started = time.perf_counter()
     where = {"gguf_file": path.name, "trust_remote_code": False, "local_files_only": True}
     try:
         # transformers draws its own tqdm bar for the dequantization (not the one
         # disable_progress_bar turns off); the caller's one line says what is happening.
         with contextlib.redirect_stderr(io.StringIO()):
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **where)
-            gguf_model: Any = AutoModelForCausalLM.from_pretrained(
+            model = AutoModelForCausalLM.from_pretrained(
                 str(path.parent), dtype=torch.float32, **where
             )
     except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as exc:
@@ -132,9 +131,19 @@ def _write_conversion(path: Path, fingerprint: str, out: Path) -> None:
             f"{path}: transformers {transformers.__version__} cannot load this GGUF file "
             f"({type(exc).__name__}: {_first_line(exc)})"
         ) from None
-    # A GGUF-loaded model refuses save_pretrained (its config names the gguf quantization):
-    # the same architecture built without quantization_config, on the meta device (no
-    # memory, no random init), takes over the dequantized tensors themselves.
+    return model, tokenizer
+
+
+def _plain_copy(gguf_model: Any) -> Any:
+    """The same model as a plain (serialisable) one sharing its tensors.
+
+    A GGUF-loaded model refuses ``save_pretrained`` (its config names the gguf
+    quantization): the same architecture built without ``quantization_config``, on the meta
+    device (no memory, no random init), takes over the dequantized tensors themselves.
+    """
+    import torch  # deferred: as in _load_gguf
+    from transformers import AutoModelForCausalLM
+
     plain_config = gguf_model.config.to_dict()
     plain_config.pop("quantization_config", None)
     config = type(gguf_model.config).from_dict(plain_config)
@@ -145,15 +154,21 @@ def _write_conversion(path: Path, fingerprint: str, out: Path) -> None:
     model.load_state_dict(gguf_model.state_dict(), strict=True, assign=True)
     model.tie_weights()
     model.generation_config = gguf_model.generation_config
-    model.eval()
+    return model.eval()
+
+
+def _write_conversion(path: Path, fingerprint: str, out: Path) -> None:
+    """Dequantize ``path`` with transformers and write it to ``out`` as a plain checkpoint."""
+    started = time.perf_counter()
+    gguf_model, tokenizer = _load_gguf(path)
     out.mkdir()
-    model.save_pretrained(str(out))
+    _plain_copy(gguf_model).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     provenance = {
         "source": str(path),
         "size": path.stat().st_size,
         "sha256": fingerprint.split(":", 1)[1],
-        "transformers": transformers.__version__,
+        "transformers": installed_version("transformers"),
         "gguf": installed_version("gguf"),
         "seconds": round(time.perf_counter() - started, 1),
     }

@@ -212,11 +212,14 @@ def test_the_benchmark_separates_right_from_wrong_and_the_adapter_changes_answer
 
 # --------------------------------------------------------------------------- plugin runs
 def test_plugin_runs_under_n0_and_n2_write_the_same_records(
-    smol: Smol, memeval_project: MemevalProject
+    smol: Smol, memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From a project directory outside the repository: the GGUF file under names with a
     space, absolute in one run (``--memeval-model PATH``) and relative to the project in the
     other (``--memeval-model=PATH``); the conversion comes from the cache."""
+    # One torch thread per process, as -n 2 gives each worker on these 2-core machines: the
+    # -n 0 run's two threads would be oversubscribed on a shared machine (many times slower).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     root = memeval_project.path
     (root / "models").mkdir()
     (root / "other dir").mkdir()
