@@ -220,6 +220,8 @@ def test_plugin_runs_under_n0_and_n2_write_the_same_records(
     # One torch thread per process, as -n 2 gives each worker on these 2-core machines: the
     # -n 0 run's two threads would be oversubscribed on a shared machine (many times slower).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # pytester gives its runs a HOME of their own: name the cache the conversion is in.
+    monkeypatch.setenv("MEMEVAL_CACHE_DIR", str(smol.conversion.directory.parent.parent))
     root = memeval_project.path
     (root / "models").mkdir()
     (root / "other dir").mkdir()
