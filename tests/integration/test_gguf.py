@@ -32,7 +32,14 @@ MAX_NEW = 12
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """The tiny GGUF file (a path with a space) and the weights it must give back."""
+    """The tiny GGUF file (a path with a space) and the weights it must give back.
+
+    Also imports the model stack now, before any test's pytester takes its sys.modules
+    snapshot (modules first imported inside such a test are dropped at its end, and torch
+    and numpy cannot be imported twice in one process)."""
+    import peft  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
     path = tmp_path_factory.mktemp("gguf") / "tiny llama.Q8_0.gguf"
     return path, write_tiny_gguf(path)
 
