@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,13 +61,6 @@ def _produce(target: str, log: str, results: multiprocessing.Queue[tuple[bool, b
     results.put((made, whole))
 
 
-def _wait_for(target: str, told: str) -> None:
-    made = produce_once(
-        Path(target), lambda tmp: tmp.mkdir(), on_wait=lambda: Path(told).write_text("waiting")
-    )
-    assert not made and (Path(target) / "part2").is_file()
-
-
 def test_concurrent_producers_build_once_and_all_see_the_whole_entry(tmp_path: Path) -> None:
     target, log = tmp_path / "gguf" / "entry", tmp_path / "builds.log"
     ctx = multiprocessing.get_context("fork")
@@ -83,16 +78,27 @@ def test_concurrent_producers_build_once_and_all_see_the_whole_entry(tmp_path: P
     assert sorted(p.name for p in target.parent.iterdir()) == ["entry", "entry.lock"]
 
 
+#: A second producer in a process of its own (a fresh interpreter: a forked child would
+#: share this process's lock, as flock locks belong to the open file, which fork copies).
+WAITER = """
+import sys
+from pathlib import Path
+from pytest_memeval.core.cache import produce_once
+target, told = Path(sys.argv[1]), Path(sys.argv[2])
+made = produce_once(target, lambda tmp: tmp.mkdir(), on_wait=lambda: told.write_text("waiting"))
+sys.exit(0 if not made and (target / "part2").is_file() else 1)
+"""
+
+
 def test_a_second_producer_is_told_it_waits_and_takes_the_first_ones_entry(
     tmp_path: Path,
 ) -> None:
     target, told = tmp_path / "gguf" / "entry", tmp_path / "told"
-    ctx = multiprocessing.get_context("fork")
-    waiter = ctx.Process(target=_wait_for, args=(str(target), str(told)))
+    waiter: list[subprocess.Popen[bytes]] = []
 
     def build(tmp: Path) -> None:
         # The lock is held now: start a second producer and finish only once it waits.
-        waiter.start()
+        waiter.append(subprocess.Popen([sys.executable, "-c", WAITER, str(target), str(told)]))
         deadline = time.monotonic() + 60
         while not told.exists():
             assert time.monotonic() < deadline, "the second producer never waited"
@@ -100,8 +106,7 @@ def test_a_second_producer_is_told_it_waits_and_takes_the_first_ones_entry(
         _build_slowly(str(tmp_path / "builds.log"), tmp)
 
     assert produce_once(target, build) is True
-    waiter.join(60)
-    assert waiter.exitcode == 0
+    assert waiter[0].wait(60) == 0
 
 
 def test_a_failed_build_leaves_nothing_and_the_next_one_succeeds(tmp_path: Path) -> None:
