@@ -41,7 +41,9 @@ def pytest_memeval_make_decoder(
 
     Called once per worker, lazily, when the first eval item needs a rollout. The default
     implementation loads the profile's model and adapter and returns the ``path`` decoder
-    (``fast`` or ``reference``); a replay profile gets the replay decoder.
+    (``fast`` or ``reference``); a replay profile gets the replay decoder. Load the model from
+    ``profile.model_dir`` (a GGUF ``model``'s safetensors conversion, or the model directory)
+    and the tokenizer from ``profile.tokenizer_dir``.
     """
 
 
