@@ -267,6 +267,7 @@ FAST_MODULES = (
     "stats",
     "logits",
     "bounds",
+    "shared",
     "kvcache",
     "plan",
     "answers",

@@ -35,8 +35,9 @@ The package is the decoder's stages, one module each, in the order a scenario me
 * ``decoder.py``: :class:`FastDecoder`, which runs plan -> forward -> verify -> generate,
   with the calibration as one step;
 
-and two helpers every stage shares: ``logits.py`` (greedy checks read off logits) and
-``stats.py`` (typed counters and seconds).
+and the helpers the stages share: ``logits.py`` (greedy checks read off logits),
+``stats.py`` (typed counters and seconds) and ``shared.py`` (what one decoder's stages
+share: the model, the token budget, the bounds, the counters).
 """
 
 from __future__ import annotations

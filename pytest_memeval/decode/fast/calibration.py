@@ -32,7 +32,7 @@ from pytest_memeval.decode.fast.forward import ForwardPass
 from pytest_memeval.decode.fast.generate import GenerateRow, Generator
 from pytest_memeval.decode.fast.kvcache import CacheSlice
 from pytest_memeval.decode.fast.plan import ScenarioPlan, TurnPlan
-from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
+from pytest_memeval.decode.fast.shared import Shared, Stage
 from pytest_memeval.decode.fast.verify import Continuation, Verifier
 from pytest_memeval.decode.reference import ReferenceSteps, reference_steps
 from pytest_memeval.model.loading import LoadedModel
@@ -133,27 +133,26 @@ class _Measurements:
         return {k: Disagreement(tuple(self.absolute[k]), tuple(self.ulps[k])) for k in KINDS}
 
 
-class Calibrator:
+@dataclass(frozen=True)
+class _Sample:
+    """A picked turn, its prompt's cached keys and values (but the last token's) in the
+    forward pass's cache, and the reference call on its prompt."""
+
+    picked: PickedTurn
+    context: CacheSlice
+    reference: ReferenceSteps
+
+
+class Calibrator(Stage):
     """Measures a decoder's computations against the reference call."""
 
     def __init__(
-        self,
-        loaded: LoadedModel,
-        max_new_tokens: int,
-        *,
-        turns: int,
-        generator: Generator,
-        verifier: Verifier,
-        stats: DecodeStats,
-        seconds: StageSeconds,
+        self, shared: Shared, *, turns: int, generator: Generator, verifier: Verifier
     ) -> None:
-        self.loaded = loaded
-        self.max_new_tokens = max_new_tokens
+        super().__init__(shared)
         self.turns = turns
         self.generator = generator
         self.verifier = verifier
-        self.stats = stats
-        self.seconds = seconds
 
     def measure(self, passed: ForwardPass, setting: Setting) -> Calibration:
         """The disagreement on turns of ``passed`` (measured under ``setting``)."""
@@ -166,11 +165,13 @@ class Calibrator:
         for p, reference in zip(picked, references, strict=True):
             self._teacher_forced(measured, passed, p, reference)
         if picked and passed.cache is not None:
-            contexts = [
-                CacheSlice(passed.cache, p.row, 0, len(p.turn.prompt.ids) - 1) for p in picked
+            cache = passed.cache
+            samples = [
+                _Sample(p, CacheSlice(cache, p.row, 0, len(p.turn.prompt.ids) - 1), reference)
+                for p, reference in zip(picked, references, strict=True)
             ]
-            self._generate(measured, picked, contexts, references)
-            self._verify(measured, picked, contexts, references)
+            self._generate(measured, samples)
+            self._verify(measured, samples)
         self.stats.calibration_turns += len(picked)
         self.seconds.calibration += time.perf_counter() - started
         return Calibration(setting, len(picked), measured.disagreement())
@@ -189,48 +190,36 @@ class Calibrator:
             kind: Kind = "first" if j == 0 else "step"
             measured.add(kind, passed.logits_at(picked.row, start - 1 + j), step)
 
-    def _generate(
-        self,
-        measured: _Measurements,
-        picked: Sequence[PickedTurn],
-        contexts: Sequence[CacheSlice],
-        references: Sequence[ReferenceSteps],
-    ) -> None:
+    def _generate(self, measured: _Measurements, samples: Sequence[_Sample]) -> None:
         """``generate``: the fast path's cached batched generation of the same prompts,
         while it produces the reference's tokens."""
-        rows = [
-            GenerateRow(context, p.turn.prompt.ids, 0)
-            for p, context in zip(picked, contexts, strict=True)
-        ]
-        call = self.generator.run(rows)
+        call = self.generator.run(
+            [GenerateRow(s.context, s.picked.turn.prompt.ids, 0) for s in samples]
+        )
         if call is None:
             return
-        for r, reference in enumerate(references):
+        for r, sample in enumerate(samples):
+            reference = sample.reference
             fast_tokens, fast_steps = call.tokens[r], call.logits_of(r)
             for j, (a, b) in enumerate(zip(fast_steps, reference.logits, strict=False)):
                 if reference.tokens[:j] != fast_tokens[:j]:
                     break
                 measured.add("generate", a, b)
 
-    def _verify(
-        self,
-        measured: _Measurements,
-        picked: Sequence[PickedTurn],
-        contexts: Sequence[CacheSlice],
-        references: Sequence[ReferenceSteps],
-    ) -> None:
+    def _verify(self, measured: _Measurements, samples: Sequence[_Sample]) -> None:
         """``verify``: both computations of the verification pass (packed, as in a first
         round, and cut) over the reference's own tokens: at position ``k`` a pass sees the
         prompt and the reference's first ``k`` tokens, as the reference's step ``k`` did."""
         fed = [
             Continuation(
-                context, (p.turn.prompt.ids[-1], *reference.tokens[: len(reference.logits) - 1])
+                s.context,
+                (s.picked.turn.prompt.ids[-1], *s.reference.tokens[: len(s.reference.logits) - 1]),
             )
-            for p, context, reference in zip(picked, contexts, references, strict=True)
+            for s in samples
         ]
         for verified in (self.verifier.packed_pass(fed), self.verifier.cut_pass(fed)):
             if verified is None:
                 continue
-            for n, reference in enumerate(references):
-                for a, b in zip(verified.logits_of(n), reference.logits, strict=True):
+            for n, sample in enumerate(samples):
+                for a, b in zip(verified.logits_of(n), sample.reference.logits, strict=True):
                     measured.add("verify", a, b)

@@ -35,7 +35,7 @@ from pytest_memeval.decode.fast.forward import (
 )
 from pytest_memeval.decode.fast.generate import Generator
 from pytest_memeval.decode.fast.plan import Planner, ReferenceOnly, ScenarioPlan
-from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
+from pytest_memeval.decode.fast.shared import Shared
 from pytest_memeval.decode.fast.verify import Verifier
 from pytest_memeval.decode.reference import prompt_tail, reference_rollout
 from pytest_memeval.model.loading import LoadedModel
@@ -134,11 +134,12 @@ class FastDecoder:
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
         self.calibration_turns = calibration_turns
-        self.stats = DecodeStats()
-        self.seconds = StageSeconds()
         #: the margin guard: fixed to ``margin`` if given, else :func:`~.bounds.default_margin`
         #: until a calibration is used
         self.bounds = Bounds(loaded.dtype, device_type, margin=margin)
+        shared = Shared.new(loaded, max_new_tokens, self.bounds)
+        #: what was decided how, and where the time went
+        self.stats, self.seconds = shared.stats, shared.seconds
         #: whether the next forward pass is measured (the first, once)
         self._calibration_due = (margin is None) if calibrate is None else calibrate
         #: the calibration this decoder measured itself (``None`` until it did)
@@ -146,49 +147,25 @@ class FastDecoder:
         #: the attention implementation of the forward passes (``None``: the model's own)
         self.forward_attention = forward_attention_for(loaded, forward_attention)
         self._ready: dict[str, Rollout] = {}
-        self._build_stages()
+        self._build_stages(shared)
 
-    def _build_stages(self) -> None:
-        loaded, max_new, stats, seconds = self.loaded, self.max_new_tokens, self.stats, self.seconds
+    def _build_stages(self, shared: Shared) -> None:
+        """The stages, in the order a scenario meets them."""
+        loaded, max_batch_tokens = self.loaded, self.max_batch_tokens
         proven = ProvenOutputs(loaded)
-        self.planner = Planner(loaded, max_new, stats, seconds)
-        self.forward = ForwardStage(
-            loaded,
-            max_new,
-            attention=self.forward_attention,
-            bounds=self.bounds,
-            proven=proven,
-            stats=stats,
-            seconds=seconds,
-        )
-        self.generator = Generator(
-            loaded,
-            max_new,
-            bounds=self.bounds,
-            max_batch_tokens=self.max_batch_tokens,
-            stats=stats,
-            seconds=seconds,
-        )
-        self.answers = AnswerIndex(frozenset(loaded.stop_ids), max_new)
+        self.planner = Planner(shared)
+        self.forward = ForwardStage(shared, attention=self.forward_attention, proven=proven)
+        self.generator = Generator(shared, max_batch_tokens=max_batch_tokens)
+        self.answers = AnswerIndex(shared.stop, shared.max_new_tokens)
         self.verifier = Verifier(
-            loaded,
-            max_new,
-            bounds=self.bounds,
+            shared,
             proven=proven,
             answers=self.answers,
             rows_per_call=self.generator.rows_per_call,
-            max_batch_tokens=self.max_batch_tokens,
-            stats=stats,
-            seconds=seconds,
+            max_batch_tokens=max_batch_tokens,
         )
         self.calibrator = Calibrator(
-            loaded,
-            max_new,
-            turns=self.calibration_turns,
-            generator=self.generator,
-            verifier=self.verifier,
-            stats=stats,
-            seconds=seconds,
+            shared, turns=self.calibration_turns, generator=self.generator, verifier=self.verifier
         )
 
     # -- Decoder protocol --------------------------------------------------------------------

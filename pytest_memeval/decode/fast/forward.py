@@ -25,11 +25,11 @@ from pytest_memeval.compat.attention import (
 )
 from pytest_memeval.compat.transformers import KVCache, forward_parameters, lm_forward
 from pytest_memeval.decode._types import TurnOutput
-from pytest_memeval.decode.fast.bounds import Bounds, Kind
+from pytest_memeval.decode.fast.bounds import Kind
 from pytest_memeval.decode.fast.kvcache import CacheSlice
 from pytest_memeval.decode.fast.logits import Checks, LogitChecks, logit_checks
 from pytest_memeval.decode.fast.plan import ScenarioPlan, TurnPlan
-from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
+from pytest_memeval.decode.fast.shared import Shared, Stage
 from pytest_memeval.decode.reference import decode_new_tokens
 from pytest_memeval.model.loading import LoadedModel
 
@@ -162,29 +162,14 @@ class ForwardDecisions:
     pending: list[PendingTurn]
 
 
-class ForwardStage:
+class ForwardStage(Stage):
     """Runs forward passes over batches of plans and reads the teacher-forced checks."""
 
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        max_new_tokens: int,
-        *,
-        attention: str | None,
-        bounds: Bounds,
-        proven: ProvenOutputs,
-        stats: DecodeStats,
-        seconds: StageSeconds,
-    ) -> None:
-        self.loaded = loaded
-        self.max_new_tokens = max_new_tokens
+    def __init__(self, shared: Shared, *, attention: str | None, proven: ProvenOutputs) -> None:
+        super().__init__(shared)
         #: the attention implementation of the passes (``None``: the model's own)
         self.attention = attention
-        self.bounds = bounds
         self.proven = proven
-        self.stats = stats
-        self.seconds = seconds
-        self.stop = frozenset(loaded.stop_ids)
 
     def run(self, plans: Sequence[ScenarioPlan]) -> ForwardPass:
         """One forward pass over ``plans`` (right-padded rows), keeping the logits at the

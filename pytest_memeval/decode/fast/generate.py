@@ -18,13 +18,11 @@ from typing import TYPE_CHECKING
 from pytest_memeval.compat.transformers import generate_with_logits, vocab_size
 from pytest_memeval.decode._types import TurnOutput
 from pytest_memeval.decode.batches import even_batches
-from pytest_memeval.decode.fast.bounds import Bounds
 from pytest_memeval.decode.fast.forward import PendingTurn
 from pytest_memeval.decode.fast.kvcache import CacheSlice, left_padded_cache
 from pytest_memeval.decode.fast.logits import Checks, logit_checks
-from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
+from pytest_memeval.decode.fast.shared import Shared, Stage
 from pytest_memeval.decode.reference import decode_new_tokens, generate_from, greedy_settings
-from pytest_memeval.model.loading import LoadedModel
 
 if TYPE_CHECKING:
     import torch
@@ -92,28 +90,14 @@ class GenerateCall:
         return self.logits[row].cpu()
 
 
-class Generator:
+class Generator(Stage):
     """Generates pending turns in pooled, cached, batched ``generate`` calls."""
 
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        max_new_tokens: int,
-        *,
-        bounds: Bounds,
-        max_batch_tokens: int,
-        stats: DecodeStats,
-        seconds: StageSeconds,
-    ) -> None:
-        self.loaded = loaded
-        self.max_new_tokens = max_new_tokens
-        self.bounds = bounds
+    def __init__(self, shared: Shared, *, max_batch_tokens: int) -> None:
+        super().__init__(shared)
         self.max_batch_tokens = max_batch_tokens
-        self.stats = stats
-        self.seconds = seconds
-        self.stop = frozenset(loaded.stop_ids)
         #: rows per call (see :func:`rows_per_call`)
-        self.rows_per_call = rows_per_call(max_new_tokens, vocab_size(loaded.model))
+        self.rows_per_call = rows_per_call(shared.max_new_tokens, vocab_size(shared.loaded.model))
 
     def generate(self, pending: Sequence[PendingTurn]) -> list[TurnOutput]:
         """Each turn's output, continuing from its draft and context."""

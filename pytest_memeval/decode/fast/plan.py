@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_memeval.core.benchmark import Scenario
-from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
-from pytest_memeval.model.loading import LoadedModel
+from pytest_memeval.decode.fast.shared import Shared, Stage
 from pytest_memeval.model.prefix import proven_scenario_prompts
 from pytest_memeval.model.prompts import TurnPrompt
 
@@ -114,18 +113,14 @@ def expected_tokens(
     return TurnPlan(prompt, tuple(full[start : start + max_new_tokens]), ends_with_stop=False)
 
 
-class Planner:
+class Planner(Stage):
     """Plans scenarios for one loaded model and token budget."""
 
-    def __init__(
-        self, loaded: LoadedModel, max_new_tokens: int, stats: DecodeStats, seconds: StageSeconds
-    ) -> None:
-        self.loaded = loaded
-        self.max_new_tokens = max_new_tokens
-        self.stats = stats
-        self.seconds = seconds
-        self.stop = frozenset(loaded.stop_ids)
-        self.unsafe = unsafe_generation_settings(getattr(loaded.model, "generation_config", None))
+    def __init__(self, shared: Shared) -> None:
+        super().__init__(shared)
+        model = shared.loaded.model
+        #: the model's generation settings that change greedy decisions (none: the fast path)
+        self.unsafe = unsafe_generation_settings(getattr(model, "generation_config", None))
 
     def plan(self, scenario: Scenario) -> ScenarioPlan | ReferenceOnly:
         """The scenario's teacher-forced plan, or why the fast path cannot hold for it."""

@@ -33,8 +33,7 @@ from pytest_memeval.decode.fast.bounds import Bounds
 from pytest_memeval.decode.fast.forward import PendingTurn, ProvenOutputs
 from pytest_memeval.decode.fast.kvcache import CacheSlice, left_padded_cache, pack, packed_source
 from pytest_memeval.decode.fast.logits import Checks, Segment, logit_checks
-from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
-from pytest_memeval.model.loading import LoadedModel
+from pytest_memeval.decode.fast.shared import Shared, Stage
 
 if TYPE_CHECKING:
     import torch
@@ -132,34 +131,25 @@ class VerifyPass:
         return self.logits[s.row, s.start : s.start + s.length].cpu()
 
 
-class Verifier:
+class Verifier(Stage):
     """Runs the verification rounds over pools of pending turns."""
 
     def __init__(
         self,
-        loaded: LoadedModel,
-        max_new_tokens: int,
+        shared: Shared,
         *,
-        bounds: Bounds,
         proven: ProvenOutputs,
         answers: AnswerIndex,
         rows_per_call: int,
         max_batch_tokens: int,
-        stats: DecodeStats,
-        seconds: StageSeconds,
     ) -> None:
-        self.loaded = loaded
-        self.max_new_tokens = max_new_tokens
-        self.bounds = bounds
+        super().__init__(shared)
         self.proven = proven
         self.answers = answers
         self.rows_per_call = rows_per_call
         self.max_batch_tokens = max_batch_tokens
-        self.stats = stats
-        self.seconds = seconds
-        self.stop = frozenset(loaded.stop_ids)
         # Both computations number positions explicitly (each row from its own length).
-        self.can_verify = forward_parameters(loaded.model).position_ids
+        self.can_verify = forward_parameters(shared.loaded.model).position_ids
 
     def settle(self, pool: Sequence[PendingTurn]) -> list[TurnOutput | None]:
         """Per turn of ``pool``, its output where the rounds settle it, else ``None`` (the
