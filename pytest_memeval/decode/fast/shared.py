@@ -3,7 +3,7 @@ decisions are read with, and the counters they add to.
 
 :class:`Shared` is made once per :class:`~.decoder.FastDecoder` and handed to every stage;
 :class:`Stage` is the base of the stage classes (``Planner``, ``ForwardStage``,
-``Verifier``, ``Generator``, ``Calibrator``), reading it by name.
+``Verifier``, ``Generator``, ``Calibrator``), which read it as their own attributes.
 """
 
 from __future__ import annotations
@@ -38,31 +38,15 @@ class Shared:
 
 
 class Stage:
-    """A stage of one decoder."""
+    """A stage of one decoder: the shared objects as its own attributes (the same objects,
+    so what a stage adds to ``stats`` every stage sees; plain attributes, read in the
+    stages' per-position loops)."""
 
     def __init__(self, shared: Shared) -> None:
         self.shared = shared
-
-    @property
-    def loaded(self) -> LoadedModel:
-        return self.shared.loaded
-
-    @property
-    def max_new_tokens(self) -> int:
-        return self.shared.max_new_tokens
-
-    @property
-    def bounds(self) -> Bounds:
-        return self.shared.bounds
-
-    @property
-    def stats(self) -> DecodeStats:
-        return self.shared.stats
-
-    @property
-    def seconds(self) -> StageSeconds:
-        return self.shared.seconds
-
-    @property
-    def stop(self) -> frozenset[int]:
-        return self.shared.stop
+        self.loaded = shared.loaded
+        self.max_new_tokens = shared.max_new_tokens
+        self.bounds = shared.bounds
+        self.stats = shared.stats
+        self.seconds = shared.seconds
+        self.stop = shared.stop
