@@ -23,9 +23,12 @@ installed version and the supported range. ``tox -e newest`` (and the ``newest``
   ``nextitem_index``); the controller's ``"dsession"`` plugin name; ``parse_tx_spec_config``.
 - :mod:`~pytest_memeval.compat.syrupy`: ``SingleFileSnapshotExtension._write_mode``,
   ``_sanitize_filename`` and ``_max_stem_length``; the ``disable_unused_snapshots`` option dest.
-- :mod:`~pytest_memeval.compat.transformers`: ``_compile_jinja_template`` and the
-  ``DynamicCache``/``DynamicLayer`` layout (``cache.layers``, ``layer.keys``/``values``).
-  transformers is imported inside the functions only (heavy: seconds).
+- :mod:`~pytest_memeval.compat.transformers`: ``_compile_jinja_template``; the
+  ``DynamicCache``/``DynamicLayer`` layout (``cache.layers``, ``layer.keys``/``values``); the
+  cache's argument and output-attribute names (``cache`` in transformers 5,
+  ``past_key_values`` before) and ``forward``'s optional arguments, behind typed results of a
+  forward pass and of ``generate`` with its logits. transformers is imported inside the
+  functions only (heavy: seconds).
 """
 
 from __future__ import annotations

@@ -12,18 +12,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pytest_memeval.compat.transformers import base_model
+
 __all__ = ["attention_implementation", "can_switch_attention", "switched_attention"]
-
-
-def _base(model: Any) -> Any:
-    """The transformers model under a peft wrapper (peft forwards to it)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def attention_implementation(model: Any) -> str | None:
     """The attention implementation ``model`` runs now, or ``None`` when it cannot be read."""
     # private attribute, read-only here: PretrainedConfig._attn_implementation (4.45-5.24)
-    value = getattr(getattr(_base(model), "config", None), "_attn_implementation", None)
+    value = getattr(getattr(base_model(model), "config", None), "_attn_implementation", None)
     return value if isinstance(value, str) else None
 
 
@@ -31,7 +28,7 @@ def can_switch_attention(model: Any, implementation: str | None = None) -> bool:
     """Whether ``model``'s attention implementation can be switched after loading (to
     ``implementation``, when given: an architecture without it, e.g. Gemma-2 without sdpa,
     refuses the switch with a ``ValueError``; tried once here, then set back)."""
-    base = _base(model)
+    base = base_model(model)
     # public: set_attn_implementation (4.56+); private: _can_set_attn_implementation (4.56-5.24)
     check = getattr(base, "_can_set_attn_implementation", None)
     if not (hasattr(base, "set_attn_implementation") and callable(check) and bool(check())):
@@ -51,7 +48,7 @@ def can_switch_attention(model: Any, implementation: str | None = None) -> bool:
 def switched_attention(model: Any, implementation: str | None) -> Iterator[None]:
     """Run the block with ``model``'s attention set to ``implementation`` (``None``: as it
     is), then set it back, also when the block raises."""
-    base = _base(model)
+    base = base_model(model)
     before = attention_implementation(model)
     if implementation is None or implementation == before or before is None:
         yield

@@ -1,17 +1,52 @@
-"""transformers internals: the compiled chat template and the dynamic KV cache's layout.
+"""transformers internals: the compiled chat template, the key/value cache's layout, and the
+names a model's ``forward`` and its output objects use for the cache.
 
 transformers is imported inside each function (heavy: seconds), so that importing this module,
 or a plain ``pytest`` that loads no model, stays cheap. Checked on transformers 5.24.0
-(installed, the newest release) and 4.54.0; both helpers fall back where the internal is
+(installed, the newest release) and 4.54.0; the helpers fall back where the internal is
 missing (4.45-4.53 have no ``DynamicLayer``).
+
+The decode path calls the model only through :func:`lm_forward` and
+:func:`generate_with_logits`, which hand back typed results (:class:`LMOutput`,
+:class:`GeneratedSteps`): what differs between versions (``cache`` or ``past_key_values``, as
+argument and as output attribute; ``logits_to_keep``) is resolved here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-__all__ = ["compile_chat_template", "dynamic_cache", "full_attention_kv"]
+if TYPE_CHECKING:
+    import torch
+    from transformers.cache_utils import Cache
+
+__all__ = [
+    "ForwardParameters",
+    "GeneratedSteps",
+    "KVCache",
+    "LMOutput",
+    "Model",
+    "base_model",
+    "compile_chat_template",
+    "dynamic_cache",
+    "forward_parameters",
+    "full_attention_kv",
+    "generate_with_logits",
+    "lm_forward",
+    "vocab_size",
+]
+
+#: A model's key/value cache: a ``transformers.cache_utils.Cache`` (the forward passes' and
+#: the verification passes' are ``DynamicCache``\ s); typed by transformers' own annotations.
+KVCache: TypeAlias = "Cache"
+
+#: The model a decoder runs: a transformers ``PreTrainedModel`` or a peft ``PeftModel``
+#: wrapping one (``LoadedModel.model``). ``Any``: the two share no typed interface (peft
+#: forwards attributes to the wrapped model at run time), and nn.Module calls return ``Any``.
+Model: TypeAlias = Any
 
 
 def compile_chat_template(template: str) -> Any | None:
@@ -27,11 +62,12 @@ def compile_chat_template(template: str) -> Any | None:
     return _compile_jinja_template(template)
 
 
-def full_attention_kv(cache: Any) -> list[tuple[Any, Any]] | None:
+def full_attention_kv(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """``(keys, values)`` per layer of a ``DynamicCache`` whose every layer is a plain
-    full-attention ``DynamicLayer`` (tensors ``batch x heads x positions x head_dim``), or
-    ``None`` for any other cache (sliding-window, quantised, static, linear-attention layers
-    keep no cut-able per-position tensors) or a transformers without that layout."""
+    full-attention ``DynamicLayer`` holding tensors ``batch x heads x positions x head_dim``,
+    or ``None`` for any other cache (sliding-window, quantised, static, linear-attention
+    layers keep no cut-able per-position tensors), a layer not filled yet, or a transformers
+    without that layout."""
     # public classes, undocumented layout: transformers.cache_utils.DynamicLayer,
     # Cache.layers, DynamicLayer.keys/.values (4.54.0-5.24.0; no DynamicLayer before 4.54).
     try:
@@ -41,10 +77,16 @@ def full_attention_kv(cache: Any) -> list[tuple[Any, Any]] | None:
     layers = getattr(cache, "layers", None)
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return None
-    return [(layer.keys, layer.values) for layer in layers]
+    pairs = []
+    for layer in layers:
+        keys, values = layer.keys, layer.values
+        if keys is None or values is None or keys.dim() != 4:
+            return None
+        pairs.append((keys, values))
+    return pairs
 
 
-def dynamic_cache(data: Sequence[tuple[Any, Any]]) -> Any:
+def dynamic_cache(data: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> KVCache:
     """A new ``DynamicCache`` holding ``(keys, values)`` per layer (full attention), sharing
     the given tensors rather than copying them: a forward pass over it concatenates into new
     tensors (``DynamicLayer.update``), never writing into these, so a cache it was cut from or
@@ -54,11 +96,99 @@ def dynamic_cache(data: Sequence[tuple[Any, Any]]) -> Any:
     # It fills each layer with ``torch.cat([empty, keys])``, a full copy: built from zero-width
     # views, then given the tensors themselves (DynamicLayer.keys/.values, as
     # full_attention_kv reads them), the one copy left is the pass's own concatenation.
-    from transformers.cache_utils import DynamicCache
+    from transformers.cache_utils import DynamicCache, DynamicLayer
 
     pairs = list(data)
     cache = DynamicCache([(k[..., :0, :], v[..., :0, :]) for k, v in pairs])
-    layer: Any  # DynamicLayer, as built above from plain (keys, values) pairs
     for layer, (k, v) in zip(cache.layers, pairs, strict=True):
+        assert isinstance(layer, DynamicLayer)  # built above from plain (keys, values) pairs
         layer.keys, layer.values = k, v
     return cache
+
+
+def base_model(model: Model) -> Model:
+    """The transformers model under a peft wrapper (peft forwards to it), or ``model``."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@dataclass(frozen=True)
+class ForwardParameters:
+    """What a model's ``forward`` accepts, by name: architectures and releases differ."""
+
+    #: the cache argument: ``cache`` (transformers 5) or ``past_key_values``
+    cache: str
+    #: ``logits_to_keep``: only the logits at these positions are computed
+    logits_to_keep: bool
+    #: ``position_ids``: positions given explicitly (``generate`` derives them from the mask)
+    position_ids: bool
+
+
+_PARAMETERS: dict[type, ForwardParameters] = {}
+
+
+def forward_parameters(model: Model) -> ForwardParameters:
+    """The :class:`ForwardParameters` of ``model`` (read once per model class)."""
+    base = base_model(model)
+    found = _PARAMETERS.get(type(base))
+    if found is None:
+        params = inspect.signature(base.forward).parameters
+        # transformers 5 renamed ``past_key_values`` to ``cache``; support both spellings.
+        found = ForwardParameters(
+            cache="cache" if "cache" in params else "past_key_values",
+            logits_to_keep="logits_to_keep" in params,
+            position_ids="position_ids" in params,
+        )
+        _PARAMETERS[type(base)] = found
+    return found
+
+
+@dataclass(frozen=True)
+class LMOutput:
+    """A causal LM's forward pass: its logits (the model's dtype) and its key/value cache."""
+
+    logits: torch.Tensor
+    cache: KVCache | None
+
+
+def lm_forward(
+    model: Model, inputs: Mapping[str, object], cache: KVCache | None = None
+) -> LMOutput:
+    """``model(**inputs)`` continuing ``cache`` (under the name this model's ``forward``
+    takes), with ``use_cache`` on: its logits and its cache."""
+    kwargs = dict(inputs)
+    if cache is not None:
+        kwargs[forward_parameters(model).cache] = cache
+    out = model(use_cache=True, **kwargs)
+    # The output's cache attribute followed the argument's rename (transformers 5: ``cache``).
+    kept = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    return LMOutput(out.logits, kept)
+
+
+@dataclass(frozen=True)
+class GeneratedSteps:
+    """A ``generate`` call's tokens (prompt columns included) and, per step, its
+    next-token logits (rows x vocabulary; ``output_logits``: before any logits processor)."""
+
+    sequences: torch.Tensor
+    logits: tuple[torch.Tensor, ...]
+
+
+def generate_with_logits(
+    model: Model, settings: Mapping[str, object], cache: KVCache | None = None
+) -> GeneratedSteps:
+    """``model.generate(**settings)`` continuing ``cache``, returning each step's logits."""
+    kwargs = dict(settings)
+    if cache is not None:
+        kwargs[forward_parameters(model).cache] = cache
+    out = model.generate(output_logits=True, return_dict_in_generate=True, **kwargs)
+    return GeneratedSteps(out.sequences, tuple(out.logits))
+
+
+def vocab_size(model: Model) -> int:
+    """Logits per position: the output embedding's rows, or the config's ``vocab_size``
+    where the model has no output embedding to read (0 when neither is known)."""
+    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    if weight is not None and getattr(weight, "dim", lambda: 0)() == 2:
+        return int(weight.shape[0])
+    return int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)

@@ -8,7 +8,8 @@
 
 Every field is documented in ``docs/results-schema.md`` (version :data:`SCHEMA_VERSION`).
 JSON read from disk is checked once, here, by :func:`validate_record`,
-:func:`validate_metrics` and :func:`validate_prediction`: each raises :class:`RecordError`
+:func:`validate_metrics` and :func:`validate_prediction`, whose field checks are derived from
+the TypedDicts below (the schema is stated once): each raises :class:`RecordError`
 naming the place (file:line, scenario), the field and what is wrong, or returns the object
 typed, so readers index it without further ``isinstance`` checks and a reader's ``KeyError``
 or ``TypeError`` is a bug, never bad input.
@@ -20,10 +21,21 @@ This module carries no behaviour beyond the checks and imports nothing heavy, so
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+import types
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypedDict, cast
+from typing import (
+    Literal,
+    Protocol,
+    TypedDict,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
 
 from pytest_memeval.core.formatting import shorten
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY
@@ -347,6 +359,13 @@ _JSON_TYPES: dict[_Kind, frozenset[type]] = {
 _Spec = tuple[str, _Kind, bool, frozenset[type]]
 
 
+class _Schema(Protocol):
+    """A TypedDict class, as the specs below read it."""
+
+    __required_keys__: frozenset[str]
+    __optional_keys__: frozenset[str]
+
+
 def _specs(*fields: tuple[str, _Kind, bool]) -> tuple[_Spec, ...]:
     """Field specs ``(name, kind, nullable)`` with their fast-path types."""
     return tuple(
@@ -355,112 +374,65 @@ def _specs(*fields: tuple[str, _Kind, bool]) -> tuple[_Spec, ...]:
     )
 
 
-_RECORD_REQUIRED = _specs(
-    ("index", "int", False),
-    ("final_pred", "str", False),
-    ("final_gt", "str", False),
-    ("final_match", "bool", False),
-    ("parse_fail", "bool", False),
-    ("parse_fail_reason", "str", True),
-    ("final_stopped", "bool", True),
-    ("aligned", "bool", False),
-    ("n_turns", "int", False),
-    ("n_memory_chain", "int", True),
-    ("turns", "list", False),
-    ("decode", "str", False),
-    ("prompt_tail", "str", False),
-)
-_RECORD_OPTIONAL = _specs(
-    ("tags", "list", False),
-    ("meta", "object", False),
-    ("worker", "str", False),
-    ("device", "str", False),
-    ("decode_s", "number", False),
-    ("notes", "list", False),
-    ("overlong", "object", False),
-    ("decode_batch", "int", False),
-    ("decode_batch_size", "int", False),
-)
-_TURN_REQUIRED = _specs(
-    ("index", "int", False),
-    ("message_index", "int", False),
-    ("pred", "str", False),
-    ("gt", "str", True),
-    ("target", "str", False),
-    ("match", "bool", True),
-    ("parse_fail", "bool", False),
-    ("stopped", "bool", True),
-    ("granularity", "str", False),
-    ("generated", "bool", False),
-)
-_OVERLONG = _specs(("tokens", "int", False), ("limit", "int", False))
-_PARSE_FAIL = _specs(("final", "int", False), ("turns", "int", False))
-_FINGERPRINTS = _specs(
-    *((k, "str", True) for k in ("benchmark", "model", "adapter", "decoding", "tokenizer"))
-)
-_RATE_REQUIRED = _specs(
-    ("correct", "int", False),
-    ("total", "int", False),
-    ("rate", "number", True),
-)
-_RATE_OPTIONAL = _specs(
-    ("ci95", "list", True),
-    ("ci95_method", "str", True),
-    ("clusters", "int", False),
-)
-_COUNTS_REQUIRED = _specs(
-    ("n", "int", False),
-    ("m1", "object", False),
-    ("m2", "object", False),
-    ("unaligned", "int", False),
-    ("parse_fail", "object", False),
-)
-_METRICS_REQUIRED = _specs(
-    ("schema_version", "int", False),
-    ("ckpt", "str", False),
-    ("kind", "str", False),
-    ("complete", "bool", False),
-    ("scope", "object", False),
-    ("missing", "list", False),
-    ("not_selected", "list", False),
-)
-_METRICS_OPTIONAL = _specs(
-    ("stop_flags", "str", False),
-    ("overlong", "int", False),
-    ("slices", "object", False),
-    ("m2_by_position", "object", False),
-    ("generated_turns", "int", False),
-    ("fingerprints", "object", False),
-    ("decoding", "object", False),
-    ("benchmark", "object", True),
-    ("predictions_sha256", "str", False),
-    ("timing", "object", False),
-    ("created", "str", False),
-    ("overrides", "object", False),
-    ("merged_from", "list", False),
-)
+#: The JSON kind of each Python type a field may be annotated with.
+_KIND_OF_TYPE: dict[type, _Kind] = {
+    str: "str",
+    int: "int",
+    float: "number",
+    bool: "bool",
+    list: "list",
+    dict: "object",
+}
 
 
-_SLICE = _specs(
-    ("n", "int", False),
-    ("m1", "object", False),
-    ("m2", "object", False),
-    ("unaligned", "int", False),
-    ("m1_mde_pp", "number", True),
-)
+def _kind_of(hint: object, where: str) -> tuple[_Kind, bool]:
+    """``(kind, nullable)`` of a field annotated ``hint``: ``X | None`` is nullable, a
+    TypedDict or ``dict[...]`` is an object, ``list[...]`` a list."""
+    nullable = False
+    if get_origin(hint) in (Union, types.UnionType):
+        members = [a for a in get_args(hint) if a is not type(None)]
+        nullable = len(members) < len(get_args(hint))
+        if len(members) != 1:
+            raise TypeError(f"{where}: a field is one JSON type or null, not {hint}")
+        hint = members[0]
+    if is_typeddict(hint):
+        return "object", nullable
+    kind = _KIND_OF_TYPE.get(cast(type, get_origin(hint) or hint))
+    if kind is None:
+        raise TypeError(f"{where}: no JSON kind for {hint} (add it to _KIND_OF_TYPE)")
+    return kind, nullable
 
 
-_SHARD_SCOPE = _specs(
-    ("spec", "str", False),
-    ("index", "int", False),
-    ("count", "int", False),
-    ("start", "int", False),
-    ("stop", "int", False),
-    ("size", "int", False),
-    ("first", "str", True),
-    ("last", "str", True),
-    ("benchmark_total", "int", False),
-)
+def _fields_of(schema: _Schema, *, required: bool, skip: Collection[str] = ()) -> tuple[_Spec, ...]:
+    """The specs of ``schema``'s required (or optional) fields, in declaration order: the
+    validators check exactly what the TypedDicts above declare, so the two cannot drift."""
+    keys = schema.__required_keys__ if required else schema.__optional_keys__
+    hints = get_type_hints(schema)
+    return _specs(
+        *(
+            (name, *_kind_of(hint, f"{getattr(schema, '__name__', schema)}.{name}"))
+            for name, hint in hints.items()
+            if name in keys and name not in skip
+        )
+    )
+
+
+#: Every field is checked, except ``id``: read first, so that errors can name the scenario.
+_RECORD_REQUIRED = _fields_of(Record, required=True, skip=("id",))
+_RECORD_OPTIONAL = _fields_of(Record, required=False)
+_TURN_REQUIRED = _fields_of(Turn, required=True)
+_OVERLONG = _fields_of(Overlong, required=True)
+_PARSE_FAIL = _fields_of(ParseFailCounts, required=True)
+_FINGERPRINTS = _fields_of(Fingerprints, required=False)
+_RATE_REQUIRED = _fields_of(RateBlock, required=True)
+_RATE_OPTIONAL = _fields_of(RateBlock, required=False)
+#: The count fields are required even of a ``counts_only`` read; the other required fields
+#: of ``metrics.json`` are not.
+_COUNTS_REQUIRED = _fields_of(_CountFields, required=True)
+_METRICS_REQUIRED = _fields_of(Metrics, required=True, skip=_CountFields.__required_keys__)
+_METRICS_OPTIONAL = _fields_of(Metrics, required=False)
+_SLICE = _fields_of(SliceBlock, required=True)
+_SHARD_SCOPE = _fields_of(ShardScope, required=True)
 
 
 def _is(value: object, kind: _Kind) -> bool:

@@ -4,14 +4,16 @@ Rows of a forward pass are right-padded to the longest row, and every padded pos
 computed like a real one; so the scenarios a decoder has been handed (a prefetch window under
 pytest, the whole list in ``memeval bench``) are sorted by length, longest first, and cut
 into consecutive runs. Longest first: the first batch is the widest, so a batch that does not
-fit in memory fails at once rather than at the end.
+fit in memory fails at once rather than at the end. The rows of the later batched calls (the
+verification passes, ``generate``) are cut the same way, in equal shares (:func:`even_batches`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-__all__ = ["length_batches", "padded_tokens"]
+__all__ = ["even_batches", "length_batches", "padded_tokens"]
 
 
 def length_batches(
@@ -41,3 +43,14 @@ def length_batches(
 def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:
     """Positions the forward passes of ``batches`` compute, padding included."""
     return sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+
+
+def even_batches(lengths: Sequence[int], max_rows: int, max_batch_tokens: int) -> list[list[int]]:
+    """:func:`length_batches` in equal shares: as few batches as ``max_rows`` allows, each of
+    about the same size (139 rows at most 128 a batch: 70 + 69, not 128 + 11), for calls that
+    cost per call and per step rather than per row (every call runs as many steps as its
+    slowest row, whatever its size)."""
+    if not lengths:
+        return []
+    calls = math.ceil(len(lengths) / max_rows)
+    return length_batches(lengths, math.ceil(len(lengths) / calls), max_batch_tokens)

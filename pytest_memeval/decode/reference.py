@@ -9,35 +9,87 @@ special tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from pytest_memeval.compat.transformers import generate_with_logits
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.decode._types import Rollout, TurnOutput
 from pytest_memeval.model.loading import LoadedModel
 from pytest_memeval.model.prompts import TurnPrompt, turn_prompts
 
+if TYPE_CHECKING:
+    import torch
 
-def generate_from(
-    loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int, **kwargs: Any
-) -> TurnOutput:
-    """Greedy-generate one turn from prompt ``ids``; ``kwargs`` pass a reusable cache."""
+__all__ = [
+    "ReferenceDecoder",
+    "ReferenceSteps",
+    "decode_new_tokens",
+    "generate_from",
+    "greedy_settings",
+    "prompt_tail",
+    "reference_rollout",
+    "reference_steps",
+]
+
+
+def greedy_settings(loaded: LoadedModel) -> dict[str, object]:
+    """The settings of every ``generate`` call either path makes: greedy, one beam, the
+    checkpoint's stop ids and pad id. The one place they are written, so that the fast path's
+    calls (which stand in for this path's) cannot drift from the reference's."""
+    return {
+        "do_sample": False,
+        "num_beams": 1,
+        "eos_token_id": list(loaded.stop_ids),
+        "pad_token_id": loaded.pad_id,
+    }
+
+
+def _prompt_inputs(loaded: LoadedModel, ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    """One unpadded prompt as ``generate`` takes it."""
     # Deferred: torch takes seconds to import, and replay / compare never decode.
     import torch
 
     input_ids = torch.tensor([list(ids)], dtype=torch.long, device=loaded.device)
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+
+
+def generate_from(loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int) -> TurnOutput:
+    """Greedy-generate one turn from prompt ``ids``: the reference call."""
+    # Deferred: torch takes seconds to import, and replay / compare never decode.
+    import torch
+
+    inputs = _prompt_inputs(loaded, ids)
     with torch.inference_mode():
         out = loaded.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            num_beams=1,
-            eos_token_id=list(loaded.stop_ids),
-            pad_token_id=loaded.pad_id,
-            **kwargs,
+            **inputs, max_new_tokens=max_new_tokens, **greedy_settings(loaded)
         )
-    new = [int(t) for t in out[0, input_ids.shape[1] :]]
+    new = [int(t) for t in out[0, len(ids) :]]
     return decode_new_tokens(loaded, new)
+
+
+@dataclass(frozen=True)
+class ReferenceSteps:
+    """The reference call's new tokens and, per step, its next-token logits in fp32."""
+
+    tokens: list[int]
+    logits: list[torch.Tensor]
+
+
+def reference_steps(loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int) -> ReferenceSteps:
+    """:func:`generate_from`'s call on ``ids``, keeping each step's logits (what the fast
+    path's calibration compares its own computations with)."""
+    # Deferred: torch takes seconds to import, and replay / compare never decode.
+    import torch
+
+    inputs = _prompt_inputs(loaded, ids)
+    with torch.inference_mode():
+        out = generate_with_logits(
+            loaded.model,
+            {**inputs, "max_new_tokens": max_new_tokens, **greedy_settings(loaded)},
+        )
+    tokens = [int(t) for t in out.sequences[0, len(ids) :]]
+    return ReferenceSteps(tokens, [step[0].float() for step in out.logits])
 
 
 def decode_new_tokens(loaded: LoadedModel, new: Sequence[int]) -> TurnOutput:

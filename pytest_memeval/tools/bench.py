@@ -43,11 +43,19 @@ from pytest_memeval.core.builders import build_bundled, load_profile_benchmark
 from pytest_memeval.core.cache import resolve_cache_dir
 from pytest_memeval.core.formatting import per_second, percent, shown_list
 from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
-from pytest_memeval.decode.fast import FastDecoder, summarize
+from pytest_memeval.decode import Rollout
+from pytest_memeval.decode.fast import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    KINDS,
+    DecodeStats,
+    FastDecoder,
+    Kind,
+    summarize,
+)
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.checks import CheckpointError
 from pytest_memeval.model.gguf import prepare_profile
-from pytest_memeval.model.loading import load_model
+from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.prompts import conversation_ids
 
 __all__ = ["cli_arguments", "cli_main"]
@@ -149,7 +157,7 @@ class Timing:
     """One path's decoding of one set of scenarios."""
 
     seconds: float
-    rollouts: list[Any]
+    rollouts: list[Rollout]
 
     def per_s(self, n: int) -> float:
         return n / self.seconds if self.seconds > 0 else float("inf")
@@ -180,7 +188,7 @@ def _scenarios(args: argparse.Namespace, profile: Profile) -> list[Scenario]:
     return list(load_profile_benchmark(profile, bundled_only).scenarios)
 
 
-def _same(fast: Any, reference: Any) -> bool:
+def _same(fast: Rollout, reference: Rollout) -> bool:
     return bool(
         [(o.text, o.stopped) for o in fast.outputs]
         == [(o.text, o.stopped) for o in reference.outputs]
@@ -188,13 +196,13 @@ def _same(fast: Any, reference: Any) -> bool:
     )
 
 
-def _run_reference(decoder: Any, scenarios: Sequence[Scenario]) -> Timing:
+def _run_reference(decoder: ReferenceDecoder, scenarios: Sequence[Scenario]) -> Timing:
     started = time.perf_counter()
     rollouts = [decoder.rollout(s) for s in scenarios]
     return Timing(time.perf_counter() - started, rollouts)
 
 
-def _run_fast(decoder: Any, scenarios: Sequence[Scenario]) -> Timing:
+def _run_fast(decoder: FastDecoder, scenarios: Sequence[Scenario]) -> Timing:
     # As the worker does: prefetch what comes next, then ask for each scenario in turn.
     started = time.perf_counter()
     decoder.prefetch(scenarios)
@@ -202,102 +210,114 @@ def _run_fast(decoder: Any, scenarios: Sequence[Scenario]) -> Timing:
     return Timing(time.perf_counter() - started, rollouts)
 
 
-def _describe_stats(stats: Any) -> str:
-    parts = [f"{stats['teacher_forced']} teacher-forced", f"{stats['generated']} generated"]
+def _describe_stats(stats: DecodeStats) -> str:
+    parts = [f"{stats.teacher_forced} teacher-forced", f"{stats.generated} generated"]
     detail = [
-        f"{stats[key]} {label}"
-        for key, label in (
-            ("generated_mismatch", "not the truth"),
-            ("generated_near_tie", "near tie"),
-            ("generated_no_truth", "no truth to check"),
-            ("generated_reference_rerun", "re-decided by the reference call"),
-            ("generated_without_cache", "without cache reuse"),
+        f"{count} {label}"
+        for count, label in (
+            (stats.generated_mismatch, "not the truth"),
+            (stats.generated_near_tie, "near tie"),
+            (stats.generated_no_truth, "no truth to check"),
+            (stats.generated_reference_rerun, "re-decided by the reference call"),
+            (stats.generated_without_cache, "without cache reuse"),
         )
-        if stats[key]
+        if count
     ]
     text = ", ".join(parts)
     if detail:
         text += " (" + ", ".join(detail) + ")"
-    if stats["calibration_turns"]:
-        text += f"; {stats['calibration_turns']} also run by the reference call to calibrate"
-    if stats["forward_only"]:
-        text += f"; {stats['forward_only']} wrong turns settled by the forward pass alone"
-    if stats["draft_tokens"]:
-        text += f"; {stats['draft_tokens']} tokens taken from the truth as a draft"
-    if stats["verify_passes"]:
+    if stats.calibration_turns:
+        text += f"; {stats.calibration_turns} also run by the reference call to calibrate"
+    if stats.forward_only:
+        text += f"; {stats.forward_only} wrong turns settled by the forward pass alone"
+    if stats.draft_tokens:
+        text += f"; {stats.draft_tokens} tokens taken from the truth as a draft"
+    if stats.verify_passes:
         text += (
-            f"; {stats['verified']} generated turns settled by the verification pass "
-            f"({stats['verify_passes']} passes, {stats['verify_tokens']} tokens accepted), "
-            f"{stats['generate_turns']} left to generate ({stats['generate_grown_drafts']} "
+            f"; {stats.verified} generated turns settled by the verification pass "
+            f"({stats.verify_passes} passes, {stats.verify_tokens} tokens accepted), "
+            f"{stats.generate_turns} left to generate ({stats.generate_grown_drafts} "
             "from a draft the pass made longer)"
         )
-    if stats["reference_scenarios"]:
-        text += f"; {stats['reference_scenarios']} scenarios on the reference path"
+    if stats.reference_scenarios:
+        text += f"; {stats.reference_scenarios} scenarios on the reference path"
     return text
 
 
-def handed_to_reference(stats: Any) -> int:
-    """Turns whose output the fast path took from the reference call itself."""
-    return int(
-        stats["generated_reference_rerun"]
-        + stats["generated_without_cache"]
-        + stats["reference_scenario_turns"]
-    )
-
-
-def _describe_disagreement(fast: Any) -> list[str]:
+def _describe_disagreement(fast: FastDecoder) -> list[str]:
     """What the calibration measured and the bounds it set, one line per kind."""
-    labels = {
+    labels: dict[Kind, str] = {
         "first": "first answer token (forward pass vs generate's prefill)",
         "step": "later answer tokens (forward pass vs generate's cached steps)",
         "generate": "fast generate (cropped cache, batched) vs the reference call",
         "verify": "verification pass (cached multi-token forward) vs the reference call",
     }
+    assert set(labels) == set(KINDS)
+    bounds = fast.bounds
     lines = ["  logit disagreement with the reference computation, max |delta| per position:"]
     for kind, label in labels.items():
-        values = fast.disagreement[kind]
-        top, p99 = summarize(values)
-        top_ulps, p99_ulps = summarize(fast.disagreement_ulps[kind])
-        relative = any(fast.bounds_ulps.values())  # 16-bit: ulps say more than fp32 units
-        measured = (
+        measured = bounds.disagreement(kind)
+        top, p99 = summarize(measured.absolute)
+        top_ulps, p99_ulps = summarize(measured.ulps)
+        # 16-bit: ulps say more than fp32 units
+        shown = (
             (
                 f"max {top:.3g} ({top_ulps:.2g} ulp), p99 {p99:.3g} ({p99_ulps:.2g} ulp)"
-                if relative
+                if bounds.relative
                 else f"max {top:.3g}, p99 {p99:.3g}"
             )
-            + f" over {len(values)} positions"
-            if values
+            + f" over {len(measured.absolute)} positions"
+            if measured.absolute
             else "not measured"
         )
-        bound = f"{fast.bounds[kind]:.3g}"
-        if fast.bounds_ulps[kind]:
-            bound = f"{fast.bounds_ulps[kind]:g} ulp of the top logit"
-        lines.append(f"    {label}: {measured}; bound {bound}")
+        bound = f"{bounds.absolute[kind]:.3g}"
+        if bounds.ulps[kind]:
+            bound = f"{bounds.ulps[kind]:g} ulp of the top logit"
+        lines.append(f"    {label}: {shown}; bound {bound}")
     return lines
 
 
+@dataclass
+class Comparison:
+    """Both paths on one set of scenarios: their timings, the fast decoder (its statistics
+    and bounds) and the scenarios whose predictions differ."""
+
+    reference: Timing
+    fast: Timing
+    decoder: FastDecoder
+    differ: list[str]
+
+
+def _fast_decoder(
+    loaded: LoadedModel, max_new: int, args: argparse.Namespace, calibrate: bool | None = None
+) -> FastDecoder:
+    """The fast decoder with the command's settings (the decoder's defaults where none)."""
+    max_batch_tokens = args.max_batch_tokens
+    return FastDecoder(
+        loaded,
+        max_new,
+        batch_size=args.batch_size,
+        max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS if max_batch_tokens is None else max_batch_tokens,
+        margin=args.margin,
+        calibrate=calibrate,
+    )
+
+
 def _compare(
-    loaded: Any,
+    loaded: LoadedModel,
     scenarios: list[Scenario],
     args: argparse.Namespace,
     max_new: int,
     calibrated: FastDecoder | None = None,
-) -> tuple[Timing, Timing, Any, list[str]]:
-    kwargs: dict[str, Any] = {}
-    if args.batch_size is not None:
-        kwargs["batch_size"] = args.batch_size
-    if args.margin is not None:
-        kwargs["margin"] = args.margin
-    if args.max_batch_tokens is not None:
-        kwargs["max_batch_tokens"] = args.max_batch_tokens
-    fast = FastDecoder(loaded, max_new, **kwargs)
+) -> Comparison:
+    fast = _fast_decoder(loaded, max_new, args)
     if calibrated is not None:
         # The calibration is once per loaded model (a worker calibrates once per run).
         fast.adopt_calibration(calibrated)
     reference = ReferenceDecoder(loaded, max_new)
     # Warm both paths up (first calls allocate and import), outside the timings.
     warm = scenarios[:1]
-    FastDecoder(loaded, max_new, calibrate=False, **kwargs).decode(warm)
+    _fast_decoder(loaded, max_new, args, calibrate=False).decode(warm)
     reference.rollout(warm[0])
     ref = _run_reference(reference, scenarios)
     fst = _run_fast(fast, scenarios)
@@ -306,10 +326,10 @@ def _compare(
         for s, f, r in zip(scenarios, fst.rollouts, ref.rollouts, strict=True)
         if not _same(f, r)
     ]
-    return ref, fst, fast, differ
+    return Comparison(ref, fst, fast, differ)
 
 
-def _floor(loaded: Any, scenarios: Sequence[Scenario], attention: str | None) -> float:
+def _floor(loaded: LoadedModel, scenarios: Sequence[Scenario], attention: str | None) -> float:
     """Seconds of one forward pass over each scenario's whole conversation: no generation,
     no cache, logits of the last position only, one scenario per call."""
     import torch  # deferred: bench loads a model before this runs
@@ -327,12 +347,16 @@ def _floor(loaded: Any, scenarios: Sequence[Scenario], attention: str | None) ->
         return time.perf_counter() - started
 
 
-def _tokens(loaded: Any, scenarios: Sequence[Scenario]) -> int:
+def _tokens(loaded: LoadedModel, scenarios: Sequence[Scenario]) -> int:
     return sum(len(conversation_ids(loaded.tokenizer, s)) for s in scenarios)
 
 
 def _growth(
-    loaded: Any, args: argparse.Namespace, profile: Any, max_new: int, calibrated: FastDecoder
+    loaded: LoadedModel,
+    args: argparse.Namespace,
+    profile: Profile,
+    max_new: int,
+    calibrated: FastDecoder,
 ) -> tuple[list[str], bool]:
     turns = [int(t) for t in str(args.turns).split(",") if t.strip()]
     if not turns:
@@ -370,16 +394,18 @@ def _growth(
                 stdout=subprocess.DEVNULL,
             )
             scenarios = list(load_jsonl(out / variant / "val.jsonl").scenarios)
-            ref, fst, fast, differ = _compare(loaded, scenarios, args, max_new, calibrated)
-            identical = identical and not differ
+            run = _compare(loaded, scenarios, args, max_new, calibrated)
+            identical = identical and not run.differ
             n = len(scenarios)
             mean_turns = sum(len(s.assistant_indices) for s in scenarios) / n
+            seconds = run.decoder.seconds
             lines.append(
                 f"  {mean_turns:>5.1f} {_tokens(loaded, scenarios) / n:>7.0f} "
-                f"{ref.seconds / n:>10.4f} {fst.seconds / n:>8.4f} "
-                f"{fast.seconds['prompts'] / n:>9.4f} {fast.seconds['forward'] / n:>8.4f} "
-                f"{fast.seconds['verify'] / n:>8.4f} {fast.seconds['generate'] / n:>9.4f} "
-                f"{ref.seconds / fst.seconds:>7.1f}x  {'yes' if not differ else 'NO'}"
+                f"{run.reference.seconds / n:>10.4f} {run.fast.seconds / n:>8.4f} "
+                f"{seconds.prompts / n:>9.4f} {seconds.forward / n:>8.4f} "
+                f"{seconds.verify / n:>8.4f} {seconds.generate / n:>9.4f} "
+                f"{run.reference.seconds / run.fast.seconds:>7.1f}x  "
+                f"{'yes' if not run.differ else 'NO'}"
             )
     return lines, identical
 
@@ -426,7 +452,8 @@ def cli_main(args: argparse.Namespace) -> int:
         f"attention, adapter {profile.adapter or 'none'}, max_new_tokens {max_new}, "
         f"{args.device}, {torch.get_num_threads()} torch threads"
     )
-    ref, fst, fast, differ = _compare(loaded, scenarios, args, max_new)
+    run = _compare(loaded, scenarios, args, max_new)
+    ref, fst, fast, differ = run.reference, run.fast, run.decoder, run.differ
     # Right-aligned as "{:8.2f} scenarios/s" was: the two lines' columns line up.
     print(f"reference: {ref.seconds:8.2f} s  {per_second(ref.per_s(n)):>20}")
     print(
@@ -434,27 +461,26 @@ def cli_main(args: argparse.Namespace) -> int:
         f"(batch {fast.batch_size}, "
         + (
             "margin in ulps of the top logit, below"
-            if any(fast.bounds_ulps.values())
-            else f"margin {fast.margin:g}"
+            if fast.bounds.relative
+            else f"margin {fast.bounds.smallest:g}"
         )
         + ")"
     )
     print(f"  turns: {_describe_stats(fast.stats)}")
-    handed = handed_to_reference(fast.stats)
+    handed, turns = fast.stats.handed_to_reference, fast.stats.turns
     print(
-        f"  handed to the reference call: {handed} of {fast.stats['turns']} turns "
-        f"({percent(handed / max(1, fast.stats['turns']), decimals=1)})"
+        f"  handed to the reference call: {handed} of {turns} turns "
+        f"({percent(handed / max(1, turns), decimals=1)})"
     )
     for line in _describe_disagreement(fast):
         print(line)
+    seconds = fast.seconds
     print(
-        "  seconds: {prompts:.2f} building prompts (shared with the reference path), "
-        "{forward:.2f} forward passes, {verify:.2f} verification passes, {generate:.2f} "
-        "generate, {calibration:.2f} calibration".format(
-            **{"calibration": 0.0, "verify": 0.0, "generate": 0.0, **fast.seconds}
-        )
+        f"  seconds: {seconds.prompts:.2f} building prompts (shared with the reference path), "
+        f"{seconds.forward:.2f} forward passes, {seconds.verify:.2f} verification passes, "
+        f"{seconds.generate:.2f} generate, {seconds.calibration:.2f} calibration"
     )
-    floor = _floor(loaded, scenarios, getattr(fast, "forward_attention", None))
+    floor = _floor(loaded, scenarios, fast.forward_attention)
     print(
         f"floor:     {floor:8.2f} s  one forward pass over every scenario's conversation "
         f"(no generation); fast path {fst.seconds / floor:.1f}x the floor"

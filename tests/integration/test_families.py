@@ -155,10 +155,10 @@ def test_fp32_fast_and_reference_equal_the_plain_loop(family: str, built: Built)
             max(len(scenario_prompts(tok, s)[1]) for s in scenarios) > spec.config["sliding_window"]
         )
         # Some turn must be generated, or the no-cache check below would pass vacuously.
-        assert fast_decoder.stats["generated"] > 0
-        assert fast_decoder.stats["generated_without_cache"] == fast_decoder.stats["generated"]
+        assert fast_decoder.stats.generated > 0
+        assert fast_decoder.stats.generated_without_cache == fast_decoder.stats.generated
     else:
-        assert fast_decoder.stats["generated_without_cache"] == 0
+        assert fast_decoder.stats.generated_without_cache == 0
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -171,7 +171,7 @@ def test_16bit_fast_equals_reference(family: str, built: Built, dtype: str) -> N
     reference = [rollout_outputs(ReferenceDecoder(loaded, MAX_NEW).rollout(s)) for s in scenarios]
     decoder = FastDecoder(loaded, MAX_NEW)
     assert [rollout_outputs(r) for r in decoder.decode(scenarios)] == reference
-    assert decoder.stats["turns"] == sum(len(r) for r in reference)
+    assert decoder.stats.turns == sum(len(r) for r in reference)
 
 
 # --------------------------------------------------------------------------- BOS

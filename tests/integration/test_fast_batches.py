@@ -71,14 +71,14 @@ def test_odd_batches_give_the_reference_rollouts(
     )
     rollouts = fast.decode(scenarios)
     assert _outputs(rollouts) == reference_outputs
-    assert fast.stats["generated"] > 0 and fast.stats["teacher_forced"] > 0
+    assert fast.stats.generated > 0 and fast.stats.teacher_forced > 0
     # 11 scenarios in batches of at most batch_size: ceil(11 / batch_size) forward passes,
     # every row counted in exactly one of them.
     sizes = sorted(r.batch for r in rollouts)
     assert max(sizes) == min(batch_size, len(scenarios))
     assert sum(1 / b for b in sizes) == pytest.approx(-(-len(scenarios) // batch_size))
     # The calibration saw this forward pass and stayed far from the bound.
-    assert max(fast.disagreement["first"]) < fast.bounds["first"] / 10
+    assert max(fast.bounds.disagreement("first").absolute) < fast.bounds.absolute["first"] / 10
 
 
 def test_forward_passes_run_causal_sdpa_and_generate_keeps_the_models_attention(

@@ -25,7 +25,7 @@ def oracle() -> Iterator[LoadedModel]:
 def _calibrated(loaded: LoadedModel, **settings: int) -> FastDecoder:
     decoder = FastDecoder(loaded, 16, **settings)
     decoder.decode(list(from_records(demo_records("oracle", 3), "x").scenarios))
-    assert decoder.stats["calibration_turns"] > 0 and decoder.calibrated_on is not None
+    assert decoder.stats.calibration_turns > 0 and decoder.measured is not None
     return decoder
 
 
@@ -42,8 +42,8 @@ def test_a_calibration_of_other_settings_is_refused_naming_them(oracle: LoadedMo
 
 def test_generate_rows_are_capped_by_the_logits_they_keep(oracle: LoadedModel) -> None:
     vocab = oracle.model.get_output_embeddings().weight.shape[0]
-    assert FastDecoder(oracle, 16)._generate_rows_cap == GENERATE_ROWS  # 54 tokens: no cap
+    assert FastDecoder(oracle, 16).generator.rows_per_call == GENERATE_ROWS  # 54 tokens: no cap
     budget = 100_000
-    capped = FastDecoder(oracle, budget)._generate_rows_cap
+    capped = FastDecoder(oracle, budget).generator.rows_per_call
     assert capped == GENERATE_LOGITS_BYTES // (budget * vocab * 8)
     assert 1 <= capped < GENERATE_ROWS

@@ -85,33 +85,34 @@ def test_one_scenario_at_a_time_matches_reference(case: Case) -> None:
     assert_same(fast, case.reference, case.ids)
     turns = sum(len(r.outputs) for r in fast)
     stats = decoder.stats
-    assert stats["turns"] == turns
-    assert stats["teacher_forced"] + stats["forward_only"] + stats["generated"] == turns
+    assert stats.turns == turns
+    assert stats.teacher_forced + stats.forward_only + stats.generated == turns
     # ``generated`` says truthfully whether the output followed the truth (a teacher-forced
     # check) or the model left it (settled by the verification pass or by ``generate``).
-    forward = stats["teacher_forced"] + stats["forward_only"]
+    forward = stats.teacher_forced + stats.forward_only
     assert sum(not o.generated for r in fast for o in r.outputs) == forward
     # The first batch calibrated the bounds against the reference call.
-    assert 0 < stats["calibration_turns"] <= decoder.calibration_turns
-    assert decoder.disagreement["first"] and decoder.disagreement["generate"]
+    assert 0 < stats.calibration_turns <= decoder.calibration_turns
+    assert decoder.bounds.disagreement("first").absolute
+    assert decoder.bounds.disagreement("generate").absolute
     if case.name == "base-only":
         # The base model alone is often wrong: the generate fallback must have run (and, by
         # the comparison above, agreed with the reference wherever it did).
-        assert decoder.stats["generated_mismatch"] > 0
+        assert decoder.stats.generated_mismatch > 0
         # ... settled by the verification pass or by ``generate`` (every such turn: one)
         generated = sum(o.generated for r in fast for o in r.outputs)
-        assert generated == decoder.stats["generated"] > 0
+        assert generated == decoder.stats.generated > 0
 
 
 @pytest.mark.parametrize("batch_size", [3, 16])
 def test_batched_matches_reference(case: Case, batch_size: int) -> None:
     decoder = FastDecoder(case.loaded, MAX_NEW, batch_size=batch_size)
     decoder.prefetch(case.scenarios)
-    assert decoder.stats["scenarios"] == len(case.scenarios)
+    assert decoder.stats.scenarios == len(case.scenarios)
     fast = [decoder.rollout(s) for s in case.scenarios]
     # Everything came from the prefetch: nothing was decoded again, nothing is kept.
-    assert decoder.stats["scenarios"] == len(case.scenarios)
-    assert not decoder._ready
+    assert decoder.stats.scenarios == len(case.scenarios)
+    assert not decoder.prefetched
     assert_same(fast, case.reference, case.ids)
 
 
@@ -120,11 +121,11 @@ def test_margin_guard_reruns_near_ties_with_the_reference_call(case: Case) -> No
     cached generation is re-decided by the reference call, and the outputs still agree."""
     decoder = FastDecoder(case.loaded, MAX_NEW, margin=math.inf)
     fast = decoder.decode(case.scenarios[:3])
-    assert decoder.stats["calibration_turns"] == 0  # a given margin is not calibrated
+    assert decoder.stats.calibration_turns == 0  # a given margin is not calibrated
     turns = sum(len(r.outputs) for r in fast)
     assert all(o.generated for r in fast for o in r.outputs)
-    assert decoder.stats["generated_near_tie"] == turns
-    assert decoder.stats["generated_reference_rerun"] == turns
+    assert decoder.stats.generated_near_tie == turns
+    assert decoder.stats.generated_reference_rerun == turns
     assert_same(fast, case.reference[:3], case.ids[:3])
 
 
@@ -134,32 +135,47 @@ def test_truth_as_a_draft_and_calibration_agree_with_reference(case: Case) -> No
     the reference turn for turn."""
     decoder = FastDecoder(case.loaded, MAX_NEW, batch_size=3)
     assert_same(decoder.decode(case.scenarios), case.reference, case.ids)
-    if decoder.stats["generated_mismatch"]:
-        assert decoder.stats["draft_tokens"] > 0
+    if decoder.stats.generated_mismatch:
+        assert decoder.stats.draft_tokens > 0
     everything = FastDecoder(case.loaded, MAX_NEW, batch_size=16, calibration_turns=10_000)
     fast = everything.decode(case.scenarios)
     assert_same(fast, case.reference, case.ids)
-    with_truth = sum(1 for r in fast for _ in r.outputs) - everything.stats["generated_no_truth"]
-    assert everything.stats["calibration_turns"] == with_truth
+    with_truth = sum(1 for r in fast for _ in r.outputs) - everything.stats.generated_no_truth
+    assert everything.stats.calibration_turns == with_truth
 
 
 def test_bounds_come_from_the_measured_disagreement(case: Case) -> None:
-    from pytest_memeval.decode.fast import PRIOR_ULPS, SAFETY, calibrated_bound, ulp
+    """The decisions follow the measured disagreement. Under its own calibration a decoder
+    trusts most first-token decisions; under the same calibration but for a first-token
+    disagreement far above any margin, none: every turn with a truth is a near tie at its
+    first token and goes to ``generate``. Both agree with the reference."""
+    from pytest_memeval.decode.fast import PRIOR_ULPS, SAFETY, Disagreement, ulp
 
-    decoder = FastDecoder(case.loaded, MAX_NEW)
-    decoder.decode(case.scenarios[:4])
-    for kind in ("first", "step", "generate"):
-        measured = decoder.disagreement[kind]
-        assert all(d >= 0 for d in measured)
-        assert (decoder.bounds[kind], decoder.bounds_ulps[kind]) == calibrated_bound(
-            case.loaded.dtype, kind, measured, decoder.disagreement_ulps[kind]
-        )
+    subset, reference, ids = case.scenarios[:3], case.reference[:3], case.ids[:3]
+    own = FastDecoder(case.loaded, MAX_NEW)
+    assert_same(own.decode(subset), reference, ids)
+    assert own.measured is not None and own.measured.turns > 0
+    with_truth = own.stats.turns - own.stats.generated_no_truth
+    assert own.stats.generated_near_tie < with_truth / 2
     if case.loaded.dtype == "bfloat16":
         # Relative bounds: at least SAFETY x 2 x the prior, in ulps of the top logit.
-        assert decoder.bounds_ulps["step"] >= SAFETY * 2 * PRIOR_ULPS["bfloat16"]["step"]
+        assert own.bounds.ulps["step"] >= SAFETY * 2 * PRIOR_ULPS["bfloat16"]["step"]
         assert ulp(16.5, "bfloat16") == 0.125 and ulp(-9.0, "bfloat16") == 0.0625
     else:
-        assert decoder.bounds_ulps["step"] == 0.0 and decoder.bounds["step"] >= 1e-3
+        assert own.bounds.ulps["step"] == 0.0 and own.bounds.absolute["step"] >= 1e-3
+
+    far = dataclasses.replace(
+        own.measured, measured={**own.measured.measured, "first": Disagreement((1e6,), (1e12,))}
+    )
+    wide = FastDecoder(case.loaded, MAX_NEW)
+    wide.use_calibration(far)
+    assert_same(wide.decode(subset), reference, ids)
+    assert wide.stats.calibration_turns == 0  # the given calibration, not a new one
+    assert wide.stats.teacher_forced == 0
+    assert wide.stats.generated_near_tie == with_truth
+    # The other kinds' bounds are the decoder's own.
+    assert wide.bounds.absolute["step"] == own.bounds.absolute["step"]
+    assert wide.bounds.ulps["step"] == own.bounds.ulps["step"]
 
 
 def test_truth_longer_than_max_new_tokens(case: Case) -> None:
@@ -260,12 +276,12 @@ def test_prefetch_ignores_duplicates_and_known_scenarios(oracle_model: LoadedMod
     decoder = FastDecoder(oracle_model, MAX_NEW)
     decoder.prefetch([subset[0], subset[0], subset[1]])
     decoder.prefetch(subset[:2])
-    assert decoder.stats["scenarios"] == 2
+    assert decoder.stats.scenarios == 2
     first = decoder.rollout(subset[0])
     assert decoder.rollout(subset[2]).path == "fast"  # not prefetched: decoded on demand
-    assert decoder.stats["scenarios"] == 3
+    assert decoder.stats.scenarios == 3
     assert outputs(decoder.rollout(subset[0])) == outputs(first)  # decoded again, same result
-    assert set(decoder._ready) == {subset[1].id}
+    assert decoder.prefetched == {subset[1].id}
 
 
 def test_rejects_bad_batch_settings(oracle_model: LoadedModel) -> None:

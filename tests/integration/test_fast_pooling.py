@@ -58,13 +58,13 @@ def test_turns_of_several_forward_passes_share_generate_calls(
     # Eight forward passes of one scenario each; their undecided turns were settled in
     # fewer calls (verification passes and generate calls) than passes, so rows of different
     # passes' caches shared a call.
-    assert fast.stats["generated_mismatch"] > 1
-    calls = fast.stats["generate_calls"] + fast.stats["verify_passes"]
+    assert fast.stats.generated_mismatch > 1
+    calls = fast.stats.generate_calls + fast.stats.verify_passes
     assert 0 < calls < len(scenarios)
     # ... and every one of them continued from its own pass's cache: none fell back to a
     # generation without the cache or to the reference call (which would hide a wrong cut).
-    assert fast.stats["generated_without_cache"] == 0
-    assert fast.stats["generated_reference_rerun"] == 0
+    assert fast.stats.generated_without_cache == 0
+    assert fast.stats.generated_reference_rerun == 0
     assert all(r.batch == 1 for r in rollouts)
 
 
@@ -74,20 +74,20 @@ def test_a_calibration_is_adopted_by_another_decoder_of_the_model(
     scenarios = _scenarios(4)
     first = FastDecoder(base_only, MAX_NEW)
     first.decode(scenarios[:2])
-    assert first.stats["calibration_turns"] > 0
+    assert first.stats.calibration_turns > 0
     second = FastDecoder(base_only, MAX_NEW)
     assert second.adopt_calibration(first)
     rollouts = second.decode(scenarios[2:])
-    assert second.stats["calibration_turns"] == 0  # nothing measured again
+    assert second.stats.calibration_turns == 0  # nothing measured again
     for kind in KINDS:
-        assert second.bounds[kind] == first.bounds[kind]
-        assert second.disagreement[kind] == first.disagreement[kind]
+        assert second.bounds.absolute[kind] == first.bounds.absolute[kind]
+        assert second.bounds.disagreement(kind) == first.bounds.disagreement(kind)
     reference = ReferenceDecoder(base_only, MAX_NEW)
     assert _outputs(rollouts) == _outputs([reference.rollout(s) for s in scenarios[2:]])
     # A decoder with a given margin keeps it; one that measured nothing has nothing to give.
     fixed = FastDecoder(base_only, MAX_NEW, margin=0.5)
     fixed.adopt_calibration(first)
-    assert set(fixed.bounds.values()) == {0.5}
+    assert set(fixed.bounds.absolute.values()) == {0.5}
     assert not FastDecoder(base_only, MAX_NEW).adopt_calibration(fixed)
 
 

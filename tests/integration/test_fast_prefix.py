@@ -35,8 +35,8 @@ def test_unproven_prompt_that_is_no_token_prefix_goes_to_the_reference_path() ->
     scenarios = list(from_records(records[:2], "mid-word").scenarios)
     fast = FastDecoder(loaded, MAX_NEW)
     rollouts = fast.decode(scenarios)
-    assert fast.stats["prompts_proven"] == 0
-    assert fast.stats["reference_scenarios"] == len(scenarios)
+    assert fast.stats.prompts_proven == 0
+    assert fast.stats.reference_scenarios == len(scenarios)
     reference = ReferenceDecoder(loaded, MAX_NEW)
     for scenario, rollout in zip(scenarios, rollouts, strict=True):
         assert rollout.notes and "not a token prefix" in rollout.notes[0]
@@ -57,7 +57,7 @@ def test_proven_prompts_decode_as_the_reference_does() -> None:
     fast = FastDecoder(loaded, MAX_NEW, batch_size=3)
     rollouts = fast.decode(scenarios)
     turns = sum(len(s.assistant_indices) for s in scenarios)
-    assert fast.stats["prompts_proven"] == turns - len(scenarios)
+    assert fast.stats.prompts_proven == turns - len(scenarios)
     reference = ReferenceDecoder(loaded, MAX_NEW)
     for scenario, rollout in zip(scenarios, rollouts, strict=True):
         assert not rollout.notes

@@ -13,7 +13,9 @@ import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
 from pytest_memeval.decode import Rollout
-from pytest_memeval.decode.fast import FastDecoder, _Pending
+from pytest_memeval.decode.fast import DecodeStats, FastDecoder
+from pytest_memeval.decode.fast import verify as verify_stage
+from pytest_memeval.decode.fast.logits import Checks
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.tools.cli import main
@@ -49,16 +51,16 @@ def _demo(n: int) -> list[Scenario]:
     return list(from_records(demo_records("oracle", n), "demo").scenarios)
 
 
-def _assert_all_cases(stats: Any) -> None:
+def _assert_all_cases(stats: DecodeStats) -> None:
     """The turns took every road of the pass: settled with the guess accepted to its end,
     guess left by the model (draft grown), and a grown draft fed again from where the
     forward pass's cache ends (packed passes; ``generate`` continuing from a grown draft is
     test_fast_verify_packed's)."""
-    assert stats["verify_passes"] > 0
-    assert stats["verified_guess"] > 0, stats
-    assert stats["verify_left_guess"] > 0, stats
-    assert stats["verify_refed"] > 0, stats
-    assert stats["verified"] + stats["generate_turns"] == stats["generated"]
+    assert stats.verify_passes > 0
+    assert stats.verified_guess > 0, stats
+    assert stats.verify_left_guess > 0, stats
+    assert stats.verify_refed > 0, stats
+    assert stats.verified + stats.generate_turns == stats.generated
 
 
 def test_demo_verified_turns_equal_the_reference(demo_base: LoadedModel) -> None:
@@ -67,8 +69,8 @@ def test_demo_verified_turns_equal_the_reference(demo_base: LoadedModel) -> None
     assert _outputs(fast.decode(scenarios)) == _reference(demo_base, scenarios, MAX_NEW)
     _assert_all_cases(fast.stats)
     # The new kind was measured like the others and set its own bound.
-    assert fast.disagreement["verify"], "the calibration did not measure the pass"
-    assert fast.stats["verified"] > fast.stats["generate_turns"] / 4
+    assert fast.bounds.disagreement("verify").absolute, "the calibration did not measure the pass"
+    assert fast.stats.verified > fast.stats.generate_turns / 4
 
 
 def test_demo_small_budget_stops_where_generate_stops(demo_base: LoadedModel) -> None:
@@ -78,10 +80,10 @@ def test_demo_small_budget_stops_where_generate_stops(demo_base: LoadedModel) ->
     fast = FastDecoder(demo_base, 3, batch_size=1)
     out = fast.decode(scenarios)
     assert _outputs(out) == _reference(demo_base, scenarios, 3)
-    assert fast.stats["verified"] > 0
+    assert fast.stats.verified > 0
     assert any(o.stopped is False for r in out for o in r.outputs)
     # ... and the pass itself ended turns at the budget (not ``generate`` after it)
-    assert fast.stats["verified_at_budget"] > 0, fast.stats
+    assert fast.stats.verified_at_budget > 0, fast.stats
 
 
 def test_rows_of_different_passes_and_lengths_share_a_verification_pass(
@@ -92,34 +94,29 @@ def test_rows_of_different_passes_and_lengths_share_a_verification_pass(
     scenarios = _demo(4)
     fast = FastDecoder(demo_base, MAX_NEW, batch_size=1)
     assert _outputs(fast.decode(scenarios)) == _reference(demo_base, scenarios, MAX_NEW)
-    assert 0 < fast.stats["verify_passes"] < fast.stats["verified"]
+    assert 0 < fast.stats.verify_passes < fast.stats.verified
 
 
-class _AcceptsTheGuess(FastDecoder):
+def test_the_comparison_catches_a_pass_that_accepts_one_token_too_many(
+    demo_base: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A deliberately broken pass: where the model leaves the guess, it takes the guessed
     token instead (one token too many accepted)."""
+    accept = verify_stage.accept
 
-    def _accept(
-        self,
-        item: _Pending,
-        guess: Sequence[int],
-        best: Sequence[int],
-        margin: Sequence[float],
-        top: Sequence[float],
-    ) -> tuple[list[int], bool, bool]:
-        forced = list(best)
+    def accepts_the_guess(
+        drafted: int, guess: Sequence[int], checks: Checks, **rules: Any
+    ) -> verify_stage.Acceptance:
+        forced = list(checks.best)
         for k, want in enumerate(guess):
             if forced[k] != want:
                 forced[k] = want
                 break
-        return super()._accept(item, guess, forced, margin, top)
+        return accept(drafted, guess, Checks(forced, checks.margin, checks.top), **rules)
 
-
-def test_the_comparison_catches_a_pass_that_accepts_one_token_too_many(
-    demo_base: LoadedModel,
-) -> None:
+    monkeypatch.setattr(verify_stage, "accept", accepts_the_guess)
     scenarios = _demo(6)
-    broken = _AcceptsTheGuess(demo_base, MAX_NEW)
+    broken = FastDecoder(demo_base, MAX_NEW)
     assert _outputs(broken.decode(scenarios)) != _reference(demo_base, scenarios, MAX_NEW)
 
 
@@ -137,8 +134,8 @@ def test_family_verified_turns_equal_the_reference(name: str, dtype: str) -> Non
     scenarios = _family(name, 3)
     fast = FastDecoder(loaded, MAX_NEW)
     assert _outputs(fast.decode(scenarios)) == _reference(loaded, scenarios, MAX_NEW)
-    assert fast.stats["verify_passes"] > 0
-    assert fast.stats["verified"] > 0, fast.stats
+    assert fast.stats.verify_passes > 0
+    assert fast.stats.verified > 0, fast.stats
 
 
 @pytest.mark.slow
@@ -150,10 +147,10 @@ def test_sliding_window_families_cannot_verify_and_stay_exact(name: str) -> None
     scenarios = _family(name, 2)
     fast = FastDecoder(loaded, MAX_NEW)
     assert _outputs(fast.decode(scenarios)) == _reference(loaded, scenarios, MAX_NEW)
-    assert fast.stats["generated"] > 0
-    assert fast.stats["verify_passes"] == 0
-    assert fast.stats["verified"] == 0
-    assert fast.stats["generated_without_cache"] == fast.stats["generated"]
+    assert fast.stats.generated > 0
+    assert fast.stats.verify_passes == 0
+    assert fast.stats.verified == 0
+    assert fast.stats.generated_without_cache == fast.stats.generated
 
 
 @pytest.mark.slow

@@ -9,10 +9,12 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-import pytest_memeval.decode.fast as fast_module
 from pytest_memeval.core.benchmark import Scenario, from_records
 from pytest_memeval.decode import Rollout
 from pytest_memeval.decode.fast import FastDecoder
+from pytest_memeval.decode.fast import verify as verify_stage
+from pytest_memeval.decode.fast.kvcache import CacheSlice
+from pytest_memeval.decode.fast.verify import Continuation
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.prefix import proven_scenario_prompts
@@ -54,13 +56,15 @@ def test_turns_packed_in_one_row_see_only_their_own_prompt(demo: LoadedModel) ->
     for prompt in prompts[:4]:
         ids = list(prompt.ids)
         # tokens after the prompt that are NOT the conversation's (the cache holds those)
-        rows.append((cache, 0, 0, len(ids) - 1, [ids[-1], 7, 8, 9]))
-    packed = fast._verify_packed(rows, True)
-    assert packed is not None and fast.stats["verify_packed_passes"] == 1
-    for (_, _, _, cut, fed), got in zip(rows, packed[2], strict=True):
-        alone = [*full[:cut], *fed]
+        rows.append(Continuation(CacheSlice(cache, 0, 0, len(ids) - 1), (ids[-1], 7, 8, 9)))
+    packed = fast.verifier.packed_pass(rows)
+    assert packed is not None and fast.stats.verify_packed_passes == 1
+    for n, row in enumerate(rows):
+        got = packed.logits_of(n)
+        alone = [*full[: row.context.length], *row.tokens]
         with torch.inference_mode():
-            want = demo.model(input_ids=torch.tensor([alone])).logits[0, -len(fed) :].float()
+            logits = demo.model(input_ids=torch.tensor([alone])).logits
+        want = logits[0, -len(row.tokens) :].float()
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
@@ -76,9 +80,9 @@ def test_one_scenario_per_pass_many_turns_per_row_equal_the_reference(
     assert _outputs(fast.decode(scenarios)) == _outputs(
         [ReferenceDecoder(demo, MAX_NEW).rollout(s) for s in scenarios]
     )
-    assert fast.stats["verify_packed_passes"] > 0
+    assert fast.stats.verify_packed_passes > 0
     # several pending turns of one conversation shared a packed row
-    assert fast.stats["verified"] > fast.stats["verify_packed_passes"]
+    assert fast.stats.verified > fast.stats.verify_packed_passes
 
 
 def test_generate_continues_from_a_draft_a_packed_pass_grew(
@@ -86,11 +90,11 @@ def test_generate_continues_from_a_draft_a_packed_pass_grew(
 ) -> None:
     """One round only: drafts the packed pass made longer go to ``generate``, which
     continues them from a cache a cut pass filled in."""
-    monkeypatch.setattr(fast_module, "VERIFY_ROUNDS", 1)
+    monkeypatch.setattr(verify_stage, "VERIFY_ROUNDS", 1)
     scenarios = _demo(6)
     fast = FastDecoder(demo, MAX_NEW)
     assert _outputs(fast.decode(scenarios)) == _outputs(
         [ReferenceDecoder(demo, MAX_NEW).rollout(s) for s in scenarios]
     )
-    assert fast.stats["generate_grown_drafts"] > 0, fast.stats
-    assert fast.stats["generated_without_cache"] == 0
+    assert fast.stats.generate_grown_drafts > 0, fast.stats
+    assert fast.stats.generated_without_cache == 0

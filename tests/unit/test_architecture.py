@@ -257,3 +257,67 @@ def test_third_party_internals_only_in_compat(module: str) -> None:
         elif any(p.startswith("_") and not p.startswith("__") for p in parts):
             bad.append(f"line {line}: {target} (a private name)")
     assert bad == [], f"{module} uses another package's internals: {bad}"
+
+
+# --------------------------------------------------------------------------- the fast decoder
+
+FAST = f"{ROOT}.decode.fast"
+#: the fast decoder's modules (decode/fast/), helpers first, then its stages in the order a
+#: scenario meets them, the orchestrating decoder last: a module imports only modules before
+#: it, so each stage reads without the ones after it
+FAST_MODULES = (
+    "stats",
+    "logits",
+    "bounds",
+    "shared",
+    "kvcache",
+    "plan",
+    "answers",
+    "forward",
+    "verify",
+    "generate",
+    "calibration",
+    "decoder",
+)
+#: "a stage is a file a newcomer can read top to bottom" (docs/architecture.md)
+FAST_MAX_LINES = 400
+FAST_MAX_FUNCTION_LINES = 60
+
+
+def test_the_fast_decoder_is_a_package_of_its_stages_each_importing_only_earlier_ones() -> None:
+    found = sorted(n.removeprefix(FAST + ".") for n in _modules() if n.startswith(FAST + "."))
+    assert found == sorted(FAST_MODULES)
+    for i, name in enumerate(FAST_MODULES):
+        module = f"{FAST}.{name}"
+        inside = [t.removeprefix(FAST + ".") for t in _graph()[module] if t.startswith(FAST)]
+        later = sorted(t for t in inside if t not in FAST_MODULES[:i])
+        assert later == [], f"{module} imports later stages (or the package): {later}"
+        tree = ast.parse(_modules()[module].read_text(encoding="utf-8"))
+        doc = ast.get_docstring(tree)
+        assert doc and doc.split("\n\n")[0].strip(), f"{module}: no one-sentence docstring"
+
+
+def test_only_the_fast_packages_public_module_is_imported_from_outside() -> None:
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, targets in _graph().items()
+        if not m.startswith(FAST)
+        for t in targets
+        if t.startswith(FAST + ".")
+    )
+    assert bad == []
+
+
+@pytest.mark.parametrize("name", FAST_MODULES)
+def test_fast_decoder_modules_and_functions_stay_short(name: str) -> None:
+    path = _modules()[f"{FAST}.{name}"]
+    text = path.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= FAST_MAX_LINES, f"{path.name}: over {FAST_MAX_LINES} lines"
+    long = sorted(
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > FAST_MAX_FUNCTION_LINES
+    )
+    assert long == [], f"{path.name}: functions over {FAST_MAX_FUNCTION_LINES} lines: {long}"

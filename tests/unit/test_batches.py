@@ -1,5 +1,6 @@
 """Batch composition of the fast path's forward passes (decode/batches.py): similar lengths
-share a batch, within the row and padded-token limits."""
+share a batch, within the row and padded-token limits; the later batched calls in equal
+shares."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 
 import pytest
 
-from pytest_memeval.decode.batches import length_batches, padded_tokens
+from pytest_memeval.decode.batches import even_batches, length_batches, padded_tokens
 
 
 def test_longest_first_and_consecutive_lengths_share_a_batch() -> None:
@@ -50,3 +51,14 @@ def test_empty_input_and_bad_limits() -> None:
         length_batches([3], 0, 100)
     with pytest.raises(ValueError, match="must be >= 1"):
         length_batches([3], 4, 0)
+
+
+def test_even_batches_share_rows_equally_within_the_same_limits() -> None:
+    lengths = [10 + i % 7 for i in range(139)]
+    batches = even_batches(lengths, 128, 1_000_000)
+    assert [len(b) for b in batches] == [70, 69]  # not 128 + 11
+    assert sorted(i for b in batches for i in b) == list(range(139))
+    # The token bound still applies, and rows stay longest first as in length_batches.
+    assert even_batches(lengths, 128, 16 * 10) == length_batches(lengths, 70, 16 * 10)
+    assert even_batches([5, 9], 128, 100) == [[1, 0]]
+    assert even_batches([], 128, 100) == []

@@ -13,7 +13,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
@@ -22,14 +22,23 @@ from pytest_memeval.core.matching import ParseRules
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.core.records import (
     SCHEMA_VERSION,
+    Fingerprints,
+    Metrics,
+    Overlong,
+    ParseFailCounts,
+    RateBlock,
     RecordError,
     Rollout,
+    ShardScope,
+    Turn,
     TurnOutput,
     read_records,
     validate_metrics,
     validate_prediction,
     validate_record,
+    validate_shard_scope,
 )
+from pytest_memeval.core.records import Record as RecordSchema
 from pytest_memeval.core.recount import RecountError, recount_run
 from pytest_memeval.core.scoring import score
 from pytest_memeval.tools.cli import main
@@ -53,6 +62,85 @@ def _demo_metrics() -> dict[str, Any]:
 
 ALIGNED = _demo_records()[0]  # s0001: 14 turns scored against the memory chain
 UNALIGNED = _demo_records()[1]  # s0003: 6 turns, a chain of 7: recorded, not scored
+
+
+# -- the schema is stated once -------------------------------------------------------------
+# Every field a TypedDict of core/records.py declares is checked by its validator: a value of
+# no JSON type at all, put in any declared field (required or optional), is refused naming
+# exactly that field. A field added to a TypedDict that the validator did not check would
+# pass here unnoticed; the validators' specs are derived from the TypedDicts, so none does.
+
+NOT_JSON = object()
+SHARD = {
+    "spec": "1/2",
+    "index": 1,
+    "count": 2,
+    "start": 0,
+    "stop": 2,
+    "size": 2,
+    "first": "s0001",
+    "last": "s0003",
+    "benchmark_total": 4,
+}
+
+
+def _declared(schema: Any, prefix: str = "") -> list[str]:
+    return [prefix + name for name in get_type_hints(schema)]
+
+
+def _refused_field(check: Callable[[], object]) -> str | None:
+    with pytest.raises(RecordError) as exc:
+        check()
+    return exc.value.field
+
+
+def _put(doc: dict[str, Any], path: str, value: object) -> None:
+    *parents, name = path.replace("turns[0]", "turns.0").split(".")
+    for part in parents:
+        doc = doc[int(part)] if part.isdigit() else doc[part]  # type: ignore[index]
+    doc[name] = value
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        *_declared(RecordSchema),
+        *_declared(Turn, "turns[0]."),
+        *_declared(Overlong, "overlong."),
+    ],
+)
+def test_every_declared_record_field_is_checked(path: str) -> None:
+    record = copy.deepcopy(ALIGNED)
+    record["overlong"] = {"tokens": 9000, "limit": 8192}
+    validate_record(record, WHERE)
+    _put(record, path, NOT_JSON)
+    assert _refused_field(lambda: validate_record(record, WHERE)) == path
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        *_declared(Metrics),
+        *_declared(RateBlock, "m1."),
+        *_declared(RateBlock, "m2."),
+        *_declared(ParseFailCounts, "parse_fail."),
+        *_declared(Fingerprints, "fingerprints."),
+    ],
+)
+def test_every_declared_metrics_field_is_checked(path: str) -> None:
+    metrics = _demo_metrics()
+    validate_metrics(metrics, "metrics.json")
+    _put(metrics, path, NOT_JSON)
+    assert _refused_field(lambda: validate_metrics(metrics, "metrics.json")) == path
+
+
+@pytest.mark.parametrize("name", _declared(ShardScope))
+def test_every_declared_shard_scope_field_is_checked(name: str) -> None:
+    shard = {**SHARD, name: NOT_JSON}
+    validate_shard_scope(dict(SHARD), "metrics.json")
+    assert _refused_field(lambda: validate_shard_scope(shard, "metrics.json")) == (
+        f"scope.shard.{name}"
+    )
 
 
 # -- valid input -------------------------------------------------------------------------

@@ -1,0 +1,225 @@
+"""Measuring the fast path against the reference: how far its computations of the logits are
+from the reference call's, on a few turns, once per decoder.
+
+For up to ``turns`` turns of a forward pass (spread over its rows and turns), the reference
+call (``generate`` on the full prompt, as the reference path runs it) is run with its
+logits, and compared position by position, while it follows the truth, with the
+teacher-forced logits (kinds ``first`` and ``step``), with the fast path's cached batched
+generation of the same turns (``generate``), and with both computations of the verification
+pass fed the reference's own tokens (``verify``). The result is a
+:class:`~.bounds.Calibration`: plain data the bounds are computed from (``bounds.py``). The
+calibrated turns are then decoded like any other (so how a turn was decided does not depend
+on which turns a process happened to calibrate on).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pytest_memeval.compat.attention import attention_implementation
+from pytest_memeval.decode.fast.bounds import (
+    KINDS,
+    MANTISSA_BITS,
+    Calibration,
+    Disagreement,
+    Kind,
+    Setting,
+)
+from pytest_memeval.decode.fast.forward import ForwardPass
+from pytest_memeval.decode.fast.generate import GenerateRow, Generator
+from pytest_memeval.decode.fast.kvcache import CacheSlice
+from pytest_memeval.decode.fast.plan import ScenarioPlan, TurnPlan
+from pytest_memeval.decode.fast.shared import Shared, Stage
+from pytest_memeval.decode.fast.verify import Continuation, Verifier
+from pytest_memeval.decode.reference import ReferenceSteps, reference_steps
+from pytest_memeval.model.loading import LoadedModel
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CALIBRATION_TURNS", "Calibrator", "PickedTurn", "measurement_setting", "pick_turns"]
+
+#: Turns whose logits the calibration compares with the reference computation (once per
+#: decoder, on its first batch; their outputs are the reference call's).
+CALIBRATION_TURNS = 12
+
+
+def measurement_setting(
+    loaded: LoadedModel,
+    forward_attention: str | None,
+    *,
+    batch_size: int,
+    max_batch_tokens: int,
+    max_new_tokens: int,
+) -> dict[str, str | int | None]:
+    """What a measured disagreement depends on besides the weights: dtype, device, the
+    attention implementations, the active adapters, and the batch settings that shape the
+    batched computations measured."""
+    model = loaded.model
+    adapters = None
+    if hasattr(model, "get_base_model"):  # a peft model: which of its adapters is active
+        # peft's PeftModel.active_adapters (a property; public). A plain transformers model
+        # has a method of that name that raises without a recent peft: not asked.
+        active = getattr(model, "active_adapters", None)
+        adapters = ",".join(map(str, active)) if isinstance(active, (list, tuple)) else active
+    return {
+        "dtype": loaded.dtype,
+        "device": str(loaded.device),
+        "attention": attention_implementation(model),
+        "forward_attention": forward_attention,
+        "adapters": None if adapters is None else str(adapters),
+        "batch_size": batch_size,
+        "max_batch_tokens": max_batch_tokens,
+        "max_new_tokens": max_new_tokens,
+    }
+
+
+@dataclass(frozen=True)
+class PickedTurn:
+    """A turn the calibration measures: row ``row`` of the forward pass, its turn."""
+
+    row: int
+    turn: TurnPlan
+
+
+def pick_turns(plans: Sequence[ScenarioPlan], count: int) -> list[PickedTurn]:
+    """Up to ``count`` turns with a truth: per row, turns from both ends inwards (the
+    longest prompt first, then the shortest, ...), taking one from each row in turn."""
+    orders = []
+    for plan in plans:
+        turns = [t for t in plan.turns if t.expected]
+        orders.append(
+            [turns[-1 - k // 2] if k % 2 == 0 else turns[k // 2] for k in range(len(turns))]
+        )
+    picked: list[PickedTurn] = []
+    depth = 0
+    while len(picked) < count and any(depth < len(o) for o in orders):
+        for row, order in enumerate(orders):
+            if depth < len(order) and len(picked) < count:
+                picked.append(PickedTurn(row, order[depth]))
+        depth += 1
+    return picked
+
+
+class _Measurements:
+    """Per kind, the per-position maxima of ``|fast - reference|``, absolute and in ulps."""
+
+    def __init__(self, dtype: str) -> None:
+        self.bits = MANTISSA_BITS.get(dtype, 7)
+        self.absolute: dict[Kind, list[float]] = {kind: [] for kind in KINDS}
+        self.ulps: dict[Kind, list[float]] = {kind: [] for kind in KINDS}
+
+    def add(self, kind: Kind, fast: torch.Tensor, reference: torch.Tensor) -> None:
+        """Record how far two computations of one position's logits are apart."""
+        # Deferred: torch takes seconds to import; only a model run needs it.
+        import torch
+
+        # On the CPU: the fast path's and the reference's logits may sit on different devices.
+        fast, reference = fast.float().cpu(), reference.float().cpu()
+        delta = (fast - reference).abs()
+        self.absolute[kind].append(float(delta.max()))
+        # In ulps as stored in the model dtype: of the logit itself, or of the top logit when
+        # that is larger (the bound is counted in ulps of the top logit; a small logit far
+        # below the top does not decide anything and must not inflate the count).
+        top = float(torch.maximum(fast.max(), reference.max()).abs())
+        magnitude = torch.maximum(fast.abs(), reference.abs()).clamp_min(max(top, 2.0**-24))
+        units = torch.exp2(torch.floor(torch.log2(magnitude)) - self.bits)
+        self.ulps[kind].append(float((delta / units).max()))
+
+    def disagreement(self) -> dict[Kind, Disagreement]:
+        return {k: Disagreement(tuple(self.absolute[k]), tuple(self.ulps[k])) for k in KINDS}
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """A picked turn, its prompt's cached keys and values (but the last token's) in the
+    forward pass's cache, and the reference call on its prompt."""
+
+    picked: PickedTurn
+    context: CacheSlice
+    reference: ReferenceSteps
+
+
+class Calibrator(Stage):
+    """Measures a decoder's computations against the reference call."""
+
+    def __init__(
+        self, shared: Shared, *, turns: int, generator: Generator, verifier: Verifier
+    ) -> None:
+        super().__init__(shared)
+        self.turns = turns
+        self.generator = generator
+        self.verifier = verifier
+
+    def measure(self, passed: ForwardPass, setting: Setting) -> Calibration:
+        """The disagreement on turns of ``passed`` (measured under ``setting``)."""
+        started = time.perf_counter()
+        picked = pick_turns(passed.plans, self.turns)
+        measured = _Measurements(self.loaded.dtype)
+        references = [
+            reference_steps(self.loaded, p.turn.prompt.ids, self.max_new_tokens) for p in picked
+        ]
+        for p, reference in zip(picked, references, strict=True):
+            self._teacher_forced(measured, passed, p, reference)
+        if picked and passed.cache is not None:
+            cache = passed.cache
+            samples = [
+                _Sample(p, CacheSlice(cache, p.row, 0, len(p.turn.prompt.ids) - 1), reference)
+                for p, reference in zip(picked, references, strict=True)
+            ]
+            self._generate(measured, samples)
+            self._verify(measured, samples)
+        self.stats.calibration_turns += len(picked)
+        self.seconds.calibration += time.perf_counter() - started
+        return Calibration(setting, len(picked), measured.disagreement())
+
+    @staticmethod
+    def _teacher_forced(
+        measured: _Measurements, passed: ForwardPass, picked: PickedTurn, reference: ReferenceSteps
+    ) -> None:
+        """``first`` and ``step``: the forward pass's logits, while the reference follows
+        the truth (later logits are not comparable)."""
+        turn = picked.turn
+        start = len(turn.prompt.ids)
+        for j, step in enumerate(reference.logits):
+            if j >= len(turn.expected) or reference.tokens[:j] != list(turn.expected[:j]):
+                break
+            kind: Kind = "first" if j == 0 else "step"
+            measured.add(kind, passed.logits_at(picked.row, start - 1 + j), step)
+
+    def _generate(self, measured: _Measurements, samples: Sequence[_Sample]) -> None:
+        """``generate``: the fast path's cached batched generation of the same prompts,
+        while it produces the reference's tokens."""
+        call = self.generator.run(
+            [GenerateRow(s.context, s.picked.turn.prompt.ids, 0) for s in samples]
+        )
+        if call is None:
+            return
+        for r, sample in enumerate(samples):
+            reference = sample.reference
+            fast_tokens, fast_steps = call.tokens[r], call.logits_of(r)
+            for j, (a, b) in enumerate(zip(fast_steps, reference.logits, strict=False)):
+                if reference.tokens[:j] != fast_tokens[:j]:
+                    break
+                measured.add("generate", a, b)
+
+    def _verify(self, measured: _Measurements, samples: Sequence[_Sample]) -> None:
+        """``verify``: both computations of the verification pass (packed, as in a first
+        round, and cut) over the reference's own tokens: at position ``k`` a pass sees the
+        prompt and the reference's first ``k`` tokens, as the reference's step ``k`` did."""
+        fed = [
+            Continuation(
+                s.context,
+                (s.picked.turn.prompt.ids[-1], *s.reference.tokens[: len(s.reference.logits) - 1]),
+            )
+            for s in samples
+        ]
+        for verified in (self.verifier.packed_pass(fed), self.verifier.cut_pass(fed)):
+            if verified is None:
+                continue
+            for n, sample in enumerate(samples):
+                for a, b in zip(verified.logits_of(n), sample.reference.logits, strict=True):
+                    measured.add("verify", a, b)

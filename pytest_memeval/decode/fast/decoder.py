@@ -1,0 +1,337 @@
+"""The fast decoder: plan -> forward -> verify -> generate, with the calibration as one step.
+
+:class:`FastDecoder` orchestrates the stages (each a module of this package) and holds what
+they share: the bounds (``bounds.py``), the statistics (``stats.py``) and the rollouts
+prefetched for ``rollout``. Scenarios are planned (``plan.py``; those the fast argument does
+not hold for go to the reference path), run through forward passes in length-sorted batches
+(``forward.py``), the first of which is also measured against the reference call
+(``calibration.py``); the turns the forward passes do not settle are pooled over
+consecutive batches and settled by the verification rounds (``verify.py``), then by
+``generate`` (``generate.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.decode._types import Rollout, TurnOutput
+from pytest_memeval.decode.batches import length_batches
+from pytest_memeval.decode.fast.answers import AnswerIndex
+from pytest_memeval.decode.fast.bounds import Bounds, Calibration
+from pytest_memeval.decode.fast.calibration import (
+    CALIBRATION_TURNS,
+    Calibrator,
+    measurement_setting,
+)
+from pytest_memeval.decode.fast.forward import (
+    ForwardDecisions,
+    ForwardPass,
+    ForwardStage,
+    ProvenOutputs,
+    forward_attention_for,
+)
+from pytest_memeval.decode.fast.generate import Generator
+from pytest_memeval.decode.fast.plan import Planner, ReferenceOnly, ScenarioPlan
+from pytest_memeval.decode.fast.shared import Shared
+from pytest_memeval.decode.fast.verify import Verifier
+from pytest_memeval.decode.reference import prompt_tail, reference_rollout
+from pytest_memeval.model.loading import LoadedModel
+
+__all__ = [
+    "DEFAULT_ACCELERATOR_BATCH_SIZE",
+    "DEFAULT_BATCH_SIZES",
+    "DEFAULT_MAX_BATCH_TOKENS",
+    "FastDecoder",
+]
+
+#: Scenarios per forward pass (an upper bound; :data:`DEFAULT_MAX_BATCH_TOKENS` also applies),
+#: by device kind. On CPU, eager attention over a wide batch cost more than batching saved (4
+#: beat 1, 8 and 16); with the forward pass's causal sdpa (``forward.FORWARD_ATTENTION``) 4 to
+#: 16 cost the same and 32 twice as much (see ``docs/decoding.md``, "Forward-pass batches"): 8
+#: keeps the scheduler's chunks under xdist small. Accelerators want wide batches.
+DEFAULT_BATCH_SIZES: dict[str, int] = {"cpu": 8}
+DEFAULT_ACCELERATOR_BATCH_SIZE = 16
+#: Padded tokens per forward pass (batch rows x longest row), bounding activation memory.
+DEFAULT_MAX_BATCH_TOKENS = 32768
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A scenario's place in the ``decode`` call, and its plan."""
+
+    position: int
+    plan: ScenarioPlan
+
+
+@dataclass(frozen=True)
+class _HeldBatch:
+    """A forward batch whose pending turns wait in the pool to be settled (its cache is
+    kept, through them, until they are)."""
+
+    planned: list[_Planned]
+    decided: ForwardDecisions
+
+
+class _Pool:
+    """Forward batches held until their pending turns are settled."""
+
+    def __init__(self) -> None:
+        self.batches: list[_HeldBatch] = []
+        #: pending turns held, and padded tokens of the batches holding them
+        self.turns = 0
+        self.tokens = 0
+
+    def add(self, planned: list[_Planned], decided: ForwardDecisions) -> None:
+        self.batches.append(_HeldBatch(planned, decided))
+        self.turns += len(decided.pending)
+        self.tokens += len(planned) * max(len(p.plan.full) for p in planned)
+
+    def take(self) -> list[_HeldBatch]:
+        """The batches held, leaving the pool empty."""
+        batches, self.batches, self.turns, self.tokens = self.batches, [], 0, 0
+        return batches
+
+
+class FastDecoder:
+    """Teacher-forced greedy check over whole conversations, batched across scenarios.
+
+    ``prefetch(scenarios)`` decodes a group of scenarios in length-sorted batches and keeps
+    their rollouts until ``rollout`` asks for them; ``rollout`` of a scenario not prefetched
+    decodes it alone. :attr:`stats` counts what was decided how and :attr:`seconds` where the
+    time went (for ``memeval bench`` and tests).
+
+    ``margin``: one absolute bound for every kind of decision instead of calibrated ones (no
+    calibration then, unless ``calibrate=True``); ``calibrate=False``: the fixed defaults
+    (``bounds.MARGINS``). ``forward_attention``: the attention implementation of the forward
+    passes (``"auto"``: ``forward.FORWARD_ATTENTION``; ``None``: the one the model was loaded
+    with); ``generate`` always runs with the model's own.
+    """
+
+    path = "fast"
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_new_tokens: int,
+        *,
+        batch_size: int | None = None,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        margin: float | None = None,
+        calibrate: bool | None = None,
+        calibration_turns: int = CALIBRATION_TURNS,
+        forward_attention: str | None = "auto",
+    ) -> None:
+        device_type = str(loaded.device).split(":")[0]
+        if batch_size is None:
+            batch_size = DEFAULT_BATCH_SIZES.get(device_type, DEFAULT_ACCELERATOR_BATCH_SIZE)
+        if batch_size < 1 or max_batch_tokens < 1 or max_new_tokens < 1:
+            raise ValueError("batch_size, max_batch_tokens and max_new_tokens must be >= 1")
+        self.loaded = loaded
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.calibration_turns = calibration_turns
+        #: the margin guard: fixed to ``margin`` if given, else :func:`~.bounds.default_margin`
+        #: until a calibration is used
+        self.bounds = Bounds(loaded.dtype, device_type, margin=margin)
+        shared = Shared.new(loaded, max_new_tokens, self.bounds)
+        #: what was decided how, and where the time went
+        self.stats, self.seconds = shared.stats, shared.seconds
+        #: whether the next forward pass is measured (the first, once)
+        self._calibration_due = (margin is None) if calibrate is None else calibrate
+        #: the calibration this decoder measured itself (``None`` until it did)
+        self.measured: Calibration | None = None
+        #: the attention implementation of the forward passes (``None``: the model's own)
+        self.forward_attention = forward_attention_for(loaded, forward_attention)
+        self._ready: dict[str, Rollout] = {}
+        self._build_stages(shared)
+
+    def _build_stages(self, shared: Shared) -> None:
+        """The stages, in the order a scenario meets them."""
+        loaded, max_batch_tokens = self.loaded, self.max_batch_tokens
+        proven = ProvenOutputs(loaded)
+        self.planner = Planner(shared)
+        self.forward = ForwardStage(shared, attention=self.forward_attention, proven=proven)
+        self.generator = Generator(shared, max_batch_tokens=max_batch_tokens)
+        self.answers = AnswerIndex(shared.stop, shared.max_new_tokens)
+        self.verifier = Verifier(
+            shared,
+            proven=proven,
+            answers=self.answers,
+            rows_per_call=self.generator.rows_per_call,
+            max_batch_tokens=max_batch_tokens,
+        )
+        self.calibrator = Calibrator(
+            shared, turns=self.calibration_turns, generator=self.generator, verifier=self.verifier
+        )
+
+    # -- Decoder protocol --------------------------------------------------------------------
+
+    def rollout(self, scenario: Scenario) -> Rollout:
+        """The scenario's rollout: prefetched if it was, else decoded now on its own."""
+        ready = self._ready.pop(scenario.id, None)
+        if ready is not None:
+            return ready
+        return self.decode([scenario])[0]
+
+    def prefetch(self, scenarios: Sequence[Scenario]) -> None:
+        """Decode ``scenarios`` now, batched, and keep their rollouts for ``rollout``."""
+        todo = [s for s in _unique(scenarios) if s.id not in self._ready]
+        if todo:
+            for scenario, rollout in zip(todo, self.decode(todo), strict=True):
+                self._ready[scenario.id] = rollout
+
+    @property
+    def prefetched(self) -> frozenset[str]:
+        """Ids of the scenarios prefetched and not yet asked for."""
+        return frozenset(self._ready)
+
+    # -- decoding ----------------------------------------------------------------------------
+
+    def decode(self, scenarios: Sequence[Scenario]) -> list[Rollout]:
+        """Rollouts of ``scenarios`` (in their order): plan -> forward -> verify -> generate."""
+        results: dict[int, Rollout] = {}
+        planned = self._plan(scenarios, results)
+        # The turns the forward passes leave pending are pooled over consecutive batches and
+        # settled together: a generate step costs about the same for 4 rows as for 64.
+        pool = _Pool()
+        for batch in self._forward_batches(planned):
+            pool.add(batch, self._forward([p.plan for p in batch]))
+            if pool.turns >= self.generator.rows_per_call or pool.tokens >= self.max_batch_tokens:
+                self._settle(pool.take(), results)
+        self._settle(pool.take(), results)
+        return [results[i] for i in range(len(scenarios))]
+
+    def _plan(self, scenarios: Sequence[Scenario], results: dict[int, Rollout]) -> list[_Planned]:
+        """Each scenario's plan; those the fast argument does not hold for are decoded by
+        the reference path into ``results`` at once."""
+        planned: list[_Planned] = []
+        for position, scenario in enumerate(scenarios):
+            self.stats.scenarios += 1
+            plan = self.planner.plan(scenario)
+            if isinstance(plan, ReferenceOnly):
+                results[position] = self._reference_rollout(plan)
+            else:
+                planned.append(_Planned(position, plan))
+        return planned
+
+    def _forward_batches(self, planned: list[_Planned]) -> list[list[_Planned]]:
+        """Forward passes of similar lengths, longest first (:func:`~.batches.length_batches`)."""
+        lengths = [len(p.plan.full) for p in planned]
+        groups = length_batches(lengths, self.batch_size, self.max_batch_tokens)
+        return [[planned[i] for i in group] for group in groups]
+
+    def _forward(self, plans: list[ScenarioPlan]) -> ForwardDecisions:
+        """One forward pass, measured against the reference first when a calibration is
+        due (the bounds its decisions are read with come from it)."""
+        passed = self.forward.run(plans)
+        if self._calibration_due:
+            self.calibrate(passed)
+        return self.forward.decide(passed)
+
+    def _settle(self, pool: list[_HeldBatch], results: dict[int, Rollout]) -> None:
+        """Settle the pooled turns (verification rounds, then ``generate`` for the rest),
+        then complete the rollouts of the pooled batches."""
+        for held in pool:
+            self.answers.learn(t.expected for p in held.planned for t in p.plan.turns)
+        pending = [item for held in pool for item in held.decided.pending]
+        self.stats.generated += len(pending)
+        self.stats.draft_tokens += sum(len(p.draft) for p in pending)
+        settled = self.verifier.settle(pending)
+        rest = [p for p, out in zip(pending, settled, strict=True) if out is None]
+        generated = iter(self.generator.generate(rest))
+        outcomes = iter([out if out is not None else next(generated) for out in settled])
+        for held in pool:
+            outputs = held.decided.outputs
+            for item in held.decided.pending:
+                outputs[item.row][item.turn_no] = next(outcomes)
+            for planned, row in zip(held.planned, outputs, strict=True):
+                results[planned.position] = self._rollout(planned.plan, row, len(held.planned))
+
+    def _rollout(self, plan: ScenarioPlan, row: list[TurnOutput | None], batch: int) -> Rollout:
+        done = tuple(o for o in row if o is not None)
+        assert len(done) == len(plan.turns)
+        tail = prompt_tail(self.loaded, plan.turns[-1].prompt.ids)
+        return Rollout(done, self.path, tail, batch=batch, batch_size=self.batch_size)
+
+    def _reference_rollout(self, plan: ReferenceOnly) -> Rollout:
+        """Exactly what :class:`~.reference.ReferenceDecoder` does, plus the plan's note."""
+        turns = len(plan.prompts)
+        self.stats.reference_scenarios += 1
+        self.stats.reference_scenario_turns += turns
+        self.stats.turns += turns
+        self.stats.generated += turns
+        started = time.perf_counter()
+        rollout = reference_rollout(
+            self.loaded, plan.prompts, self.max_new_tokens, self.path, (plan.note,)
+        )
+        self.seconds.generate += time.perf_counter() - started
+        return rollout
+
+    # -- calibration -------------------------------------------------------------------------
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The calibration in use (measured here or taken), or ``None``."""
+        return self.bounds.calibration
+
+    def calibrate(self, passed: ForwardPass) -> Calibration:
+        """Measure ``passed``'s computations against the reference call and use what was
+        measured (done once per decoder, on its first forward pass, unless a calibration
+        was given or a ``margin`` fixed)."""
+        self._calibration_due = False
+        self.measured = self.calibrator.measure(passed, self.measurement_setting())
+        self.bounds.use(self.measured)
+        return self.measured
+
+    def measurement_setting(self) -> dict[str, str | int | None]:
+        """What this decoder's measurements depend on besides the weights
+        (:func:`~.calibration.measurement_setting`)."""
+        return measurement_setting(
+            self.loaded,
+            self.forward_attention,
+            batch_size=self.batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            max_new_tokens=self.max_new_tokens,
+        )
+
+    def use_calibration(self, calibration: Calibration) -> None:
+        """Use ``calibration`` (measured on this model: same weights) instead of
+        calibrating; a decoder given a ``margin`` keeps it. ``ValueError`` naming the
+        settings that differ from the ones it was measured under."""
+        mine, theirs = self.measurement_setting(), calibration.setting
+        differ = sorted(k for k in mine if mine[k] != theirs.get(k))
+        if differ:
+            raise ValueError(
+                "a calibration is only valid for the settings it was measured with; "
+                f"these differ: {', '.join(differ)}"
+            )
+        self.bounds.use(calibration)
+        self._calibration_due = False
+
+    def adopt_calibration(self, other: FastDecoder) -> bool:
+        """Take the calibration ``other`` measured instead of calibrating: for another decoder
+        of the same loaded model (e.g. ``memeval bench``'s growth table after its main run);
+        see :meth:`use_calibration`. False (nothing adopted) when ``other`` measured nothing."""
+        if other.loaded.model is not self.loaded.model:
+            raise ValueError("a calibration is only valid for the model it was measured on")
+        if other.measured is None or not other.measured.turns:
+            return False
+        # The same model object can have changed in place since (another adapter active,
+        # another attention implementation, dtype or device), and the batch settings shape
+        # the batched computations measured: all must be what they were at calibration.
+        self.use_calibration(other.measured)
+        return True
+
+
+def _unique(scenarios: Iterable[Scenario]) -> list[Scenario]:
+    seen: set[str] = set()
+    out = []
+    for s in scenarios:
+        if s.id not in seen:
+            seen.add(s.id)
+            out.append(s)
+    return out
