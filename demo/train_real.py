@@ -306,6 +306,7 @@ def save_adapter(model: Any, out: Path) -> None:
     cfg_path = out / "adapter_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["base_model_name_or_path"] = GGUF_REF
+    cfg["target_modules"] = sorted(cfg["target_modules"])  # peft writes a set: hash order
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for extra in out.iterdir():
         if extra.name not in ("adapter_config.json", "adapter_model.safetensors"):
@@ -381,6 +382,7 @@ def greedy_check(args: argparse.Namespace, variant: str, which: str) -> dict[str
     counts = {"m1": 0, "turns_own": 0, "turns": 0, "m2": 0, "m2_n": 0, "parse_fail": 0}
     agree = confirmed = 0
     shown: list[dict[str, Any]] = []
+    by_kind: dict[str, tuple[int, int]] = {}
     t0 = time.time()
     for i, scenario in enumerate(from_records(records, f"{variant}/val.jsonl").scenarios):
         prompts = turn_prompts(tok, scenario)
@@ -395,6 +397,10 @@ def greedy_check(args: argparse.Namespace, variant: str, which: str) -> dict[str
             kind = "final" if final else "turn"
             own = match_output(text, p.target, stopped=stopped, kind=kind, rules=rules)
             counts["parse_fail"] += own.parse_fail
+            # by kind: the subtask's verb, or the final query's first word ("where", "is")
+            key = scenario.messages[p.message_index - 1]["content"] if final else p.target
+            right, total = by_kind.get(f"{kind} {key.split()[0]}", (0, 0))
+            by_kind[f"{kind} {key.split()[0]}"] = (right + own.match, total + 1)
             if final:
                 counts["m1"] += own.match
             else:
@@ -416,6 +422,7 @@ def greedy_check(args: argparse.Namespace, variant: str, which: str) -> dict[str
         "turns_vs_own_message": f"{counts['turns_own']}/{counts['turns']}",
         "m2_aligned_vs_memory_chain": f"{counts['m2']}/{counts['m2_n']}",
         "parse_failures": counts["parse_fail"],
+        "right_by_kind": {k: f"{r}/{t}" for k, (r, t) in sorted(by_kind.items())},
         "generate_agrees": f"{agree}/{confirmed} messages",
         "examples": shown,
         "seconds": round(time.time() - t0, 1),
