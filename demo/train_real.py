@@ -8,26 +8,27 @@ writes::
     demo/checkpoint/smol-adapters/baseline/    LoRA adapter trained on baseline/train.jsonl
     demo/checkpoint/smol-adapters/oracle/      LoRA adapter trained on oracle/train.jsonl
     demo/checkpoint/smol-adapters/train-{variant}.json   losses, timings, hyper-parameters
-    demo/checkpoint/smol-adapters/check-{model}.json     the quick greedy accuracy check
+    demo/checkpoint/smol-adapters/check-{model}-on-{variant}.json   the greedy accuracy check
 
 Prompts are the plugin's own: every record goes through ``pytest_memeval.model.prompts``
 (the chat template of the GGUF's tokenizer, ``add_special_tokens=False``), so the prompt of
 every trained turn is byte- and token-identical to the prompt the plugin evaluates it with.
 The loss is on each assistant message's content and its ``<|im_end|>``, as in the tiny recipe.
 
-Data rule (the budget of about an hour on two shared CPU cores does not hold a full epoch of
-both variants): the last ``--heldout`` records of each ``train.jsonl`` are held out for the
-eval loss and never trained on; the first ``--train-records`` of the rest are trained on,
-one epoch, in a seeded length-bucketed order. The generator draws the training tasks i.i.d.
-from one seeded stream, so the first N records are a uniform sample. ``val.jsonl`` (the
-benchmark) is never read by the training stage.
+Data rule (a full epoch of both variants does not fit about an hour on these two shared CPU
+cores; demo/ASSETS.md has the measurements): the last ``--heldout`` records of each
+``train.jsonl`` are held out for the eval loss and never trained on; the first
+``--train-records`` of the rest are trained on, one epoch, in a seeded length-bucketed order. The
+generator draws the training tasks i.i.d. from one seeded stream, so the first N records are a
+uniform sample. ``val.jsonl`` (the benchmark) is never read by the training stage.
 
 Usage::
 
-    python demo/train.py --base smollm2 --stage adapter --variant baseline --threads 1 &
-    python demo/train.py --base smollm2 --stage adapter --variant oracle --threads 1 &
+    python demo/train.py --base smollm2 --seed 0 --stage adapter --variant baseline --threads 1 &
+    python demo/train.py --base smollm2 --seed 0 --stage adapter --variant oracle --threads 1 &
     wait
-    python demo/train.py --base smollm2 --stage check --model zero-shot --variant oracle
+    python demo/train.py --base smollm2 --stage check --variant oracle --model oracle --threads 1
+    python demo/train.py --base smollm2 --stage check --variant oracle --model zero-shot --threads 1
 """
 
 from __future__ import annotations
