@@ -13,6 +13,7 @@ Usage::
 
     python demo/train.py --seed 0                  # everything (a few minutes on 2 cores)
     python demo/train.py --stage eval              # only re-measure the saved checkpoint
+    python demo/train.py --base smollm2 --help     # the real-base recipe (demo/train_real.py)
 """
 
 from __future__ import annotations
@@ -375,8 +376,19 @@ def save_adapter(model: Any, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point."""
+    """CLI entry point; ``--base smollm2`` runs the real-base recipe of ``train_real.py``."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--base", choices=["tiny", "smollm2"], default="tiny")
+    if pre.parse_known_args(argv)[0].base == "smollm2":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import train_real
+
+        return train_real.main(argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--base", choices=["tiny", "smollm2"], default="tiny",
+        help="tiny: the bundled demo (this file); smollm2: LoRA on SmolLM2 (train_real.py)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", type=Path, default=ROOT / "demo" / "data")
     ap.add_argument("--out", type=Path, default=ROOT / "demo" / "checkpoint")
