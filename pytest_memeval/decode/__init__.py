@@ -3,21 +3,43 @@
 ``reference`` generates every turn with ``model.generate`` (the ground truth for exactness);
 ``fast`` scores the teacher-forced conversation in one forward pass and generates only where
 the model would not reproduce the truth; ``replay`` re-reads an earlier run's predictions.
-Heavy modules (torch, transformers) are imported by the decoders themselves, lazily.
+Either model path decodes with the true history (teacher-forced) or the model's own
+(free-running, ``history="model"``). Heavy modules (torch, transformers) are imported by the
+decoders themselves, lazily.
 """
 
 from __future__ import annotations
 
+from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH
 from pytest_memeval.decode._types import Decoder, Rollout, TurnOutput
 from pytest_memeval.decode.fast import FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel
 
-__all__ = ["Decoder", "Rollout", "TurnOutput", "make_model_decoder"]
+__all__ = ["FAST_FREE_RUNNING_NOTE", "Decoder", "Rollout", "TurnOutput", "make_model_decoder"]
+
+#: The note of a free-running scenario the fast path hands to the reference path.
+FAST_FREE_RUNNING_NOTE = (
+    "fast path: free-running (history model) is decoded with the reference path, turn by "
+    "turn; exact, at reference speed"
+)
 
 
-def make_model_decoder(path: str, loaded: LoadedModel, max_new_tokens: int) -> Decoder:
-    """The decoder for ``path`` (``fast`` or ``reference``) over a loaded checkpoint."""
+def make_model_decoder(
+    path: str, loaded: LoadedModel, max_new_tokens: int, history: str = HISTORY_TRUTH
+) -> Decoder:
+    """The decoder for ``path`` (``fast`` or ``reference``) over a loaded checkpoint, with
+    ``history`` ``truth`` (teacher-forced) or ``model`` (free-running)."""
+    if history == HISTORY_MODEL:
+        if path == "fast":
+            return ReferenceDecoder(
+                loaded,
+                max_new_tokens,
+                history=history,
+                path="fast",
+                notes=(FAST_FREE_RUNNING_NOTE,),
+            )
+        return ReferenceDecoder(loaded, max_new_tokens, history=history)
     if path == "fast":
         return FastDecoder(loaded, max_new_tokens)
     return ReferenceDecoder(loaded, max_new_tokens)

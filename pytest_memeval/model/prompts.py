@@ -1,8 +1,11 @@
 """Prompts: scenario messages rendered with the tokenizer's chat template, as token ids.
 
-Every assistant message is predicted from the teacher-forced history before it, so the prompt
-of assistant message ``k`` is ``messages[:k]`` rendered with ``add_generation_prompt=True``.
-Both decode paths and the token guards take their ids from here, so they cannot drift apart.
+Teacher-forced (``--memeval-history truth``), every assistant message is predicted from the
+true history before it, so the prompt of assistant message ``k`` is ``messages[:k]`` rendered
+with ``add_generation_prompt=True``. Free-running (``--memeval-history model``), the same
+rendering of the same messages, except that every earlier assistant message holds the model's
+own output for it (:func:`with_history`, :func:`free_running_prompt`). Both decode paths and
+the token guards take their ids from here, so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ __all__ = [
     "TurnPrompt",
     "conversation_ids",
     "encode_many",
+    "free_running_prompt",
     "prompt_texts",
     "render",
     "scenario_prompts",
     "turn_prompts",
+    "with_history",
 ]
 
 
@@ -141,6 +146,32 @@ def scenario_prompts(tokenizer: Any, scenario: Scenario) -> tuple[list[TurnPromp
 def turn_prompts(tokenizer: Any, scenario: Scenario) -> list[TurnPrompt]:
     """One prompt per assistant message, in order (the last one is the final query's)."""
     return scenario_prompts(tokenizer, scenario)[0]
+
+
+def with_history(
+    scenario: Scenario, outputs: Sequence[str], upto: int | None = None
+) -> list[dict[str, str]]:
+    """The scenario's messages with its first ``len(outputs)`` assistant messages replaced by
+    ``outputs`` (already as they are fed back: ``history.fed_back``), every other message as
+    the benchmark has it; cut before message ``upto`` when given."""
+    messages = [{"role": m["role"], "content": m["content"]} for m in scenario.messages]
+    for k, text in zip(scenario.assistant_indices, outputs, strict=False):
+        messages[k]["content"] = text
+    return messages if upto is None else messages[:upto]
+
+
+def free_running_prompt(
+    tokenizer: Any, scenario: Scenario, outputs: Sequence[str], turn: int
+) -> TurnPrompt:
+    """The free-running prompt of assistant message number ``turn`` (0-based): the chat
+    template's rendering of the messages before it with ``add_generation_prompt=True``,
+    the earlier assistant messages being ``outputs[:turn]`` (exactly as
+    ``apply_chat_template`` renders a teacher-forced prompt, and the same text as that
+    prompt whenever every earlier output is the truth)."""
+    k = scenario.assistant_indices[turn]
+    messages = with_history(scenario, outputs[:turn], upto=k)
+    ids = _encode(tokenizer, render(tokenizer, messages, add_generation_prompt=True))
+    return TurnPrompt(k, tuple(ids), scenario.messages[k]["content"])
 
 
 def conversation_ids(tokenizer: Any, scenario: Scenario) -> list[int]:
