@@ -34,7 +34,9 @@ from typing import Any
 from pytest_memeval.core.benchmark import BenchmarkError, Scenario, load_jsonl
 from pytest_memeval.core.builders import build_bundled, load_profile_benchmark
 from pytest_memeval.core.formatting import per_second, percent, shown_list
+from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_history
 from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
+from pytest_memeval.decode import FAST_FREE_RUNNING_NOTE, make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder, summarize
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.checks import CheckpointError
@@ -126,6 +128,13 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
     )
+    parser.add_argument(
+        "--history",
+        choices=HISTORIES,
+        default=HISTORY_TRUTH,
+        help="the history both paths decode with: truth (teacher-forced, the default) or "
+        "model (free-running: each turn's prompt holds the path's own earlier outputs)",
+    )
 
 
 @dataclass
@@ -176,6 +185,28 @@ def _run_reference(decoder: Any, scenarios: Sequence[Scenario]) -> Timing:
     started = time.perf_counter()
     rollouts = [decoder.rollout(s) for s in scenarios]
     return Timing(time.perf_counter() - started, rollouts)
+
+
+def _describe_fast(fast: Any, n: int) -> list[str]:
+    """What the fast path did (a :class:`FastDecoder`'s counters), or that it handed every
+    scenario to the reference path (its rollouts' notes)."""
+    if not isinstance(fast, FastDecoder):
+        return [f"  fast path: {FAST_FREE_RUNNING_NOTE} ({n} scenarios)"]
+    lines = [f"  turns: {_describe_stats(fast.stats)}"]
+    handed = handed_to_reference(fast.stats)
+    lines.append(
+        f"  handed to the reference call: {handed} of {fast.stats['turns']} turns "
+        f"({percent(handed / max(1, fast.stats['turns']), decimals=1)})"
+    )
+    lines += _describe_disagreement(fast)
+    lines.append(
+        "  seconds: {prompts:.2f} building prompts (shared with the reference path), "
+        "{forward:.2f} forward passes, {verify:.2f} verification passes, {generate:.2f} "
+        "generate, {calibration:.2f} calibration".format(
+            **{"calibration": 0.0, "verify": 0.0, "generate": 0.0, **fast.seconds}
+        )
+    )
+    return lines
 
 
 def _run_fast(decoder: Any, scenarios: Sequence[Scenario]) -> Timing:
@@ -274,14 +305,20 @@ def _compare(
         kwargs["margin"] = args.margin
     if args.max_batch_tokens is not None:
         kwargs["max_batch_tokens"] = args.max_batch_tokens
-    fast = FastDecoder(loaded, max_new, **kwargs)
-    if calibrated is not None:
+    history = getattr(args, "history", HISTORY_TRUTH)
+    if history != HISTORY_TRUTH:
+        # Free-running: the decoders a pytest run builds (make_model_decoder).
+        fast: Any = make_model_decoder("fast", loaded, max_new, history)
+    else:
+        fast = FastDecoder(loaded, max_new, **kwargs)
+    if calibrated is not None and isinstance(fast, FastDecoder):
         # The calibration is once per loaded model (a worker calibrates once per run).
         fast.adopt_calibration(calibrated)
-    reference = ReferenceDecoder(loaded, max_new)
+    reference = ReferenceDecoder(loaded, max_new, history=history)
     # Warm both paths up (first calls allocate and import), outside the timings.
     warm = scenarios[:1]
-    FastDecoder(loaded, max_new, calibrate=False, **kwargs).decode(warm)
+    if isinstance(fast, FastDecoder):
+        FastDecoder(loaded, max_new, calibrate=False, **kwargs).decode(warm)
     reference.rollout(warm[0])
     ref = _run_reference(reference, scenarios)
     fst = _run_fast(fast, scenarios)
@@ -340,11 +377,12 @@ def _growth(
             identical = identical and not differ
             n = len(scenarios)
             mean_turns = sum(len(s.assistant_indices) for s in scenarios) / n
+            seconds = getattr(fast, "seconds", {})
+            parts = [seconds.get(k, 0.0) / n for k in ("prompts", "forward", "verify", "generate")]
             lines.append(
                 f"  {mean_turns:>5.1f} {_tokens(loaded, scenarios) / n:>7.0f} "
                 f"{ref.seconds / n:>10.4f} {fst.seconds / n:>8.4f} "
-                f"{fast.seconds['prompts'] / n:>9.4f} {fast.seconds['forward'] / n:>8.4f} "
-                f"{fast.seconds['verify'] / n:>8.4f} {fast.seconds['generate'] / n:>9.4f} "
+                f"{parts[0]:>9.4f} {parts[1]:>8.4f} {parts[2]:>8.4f} {parts[3]:>9.4f} "
                 f"{ref.seconds / fst.seconds:>7.1f}x  {'yes' if not differ else 'NO'}"
             )
     return lines, identical
@@ -386,36 +424,28 @@ def cli_main(args: argparse.Namespace) -> int:
         f"memeval bench: profile {profile.name}, {n} scenarios, {n_turns} assistant turns, "
         f"{_tokens(loaded, scenarios)} tokens; {loaded.dtype}, {settings.attn_implementation} "
         f"attention, adapter {profile.adapter or 'none'}, max_new_tokens {max_new}, "
-        f"{args.device}, {torch.get_num_threads()} torch threads"
+        f"{args.device}, {torch.get_num_threads()} torch threads; history "
+        f"{describe_history(args.history)}"
     )
     ref, fst, fast, differ = _compare(loaded, scenarios, args, max_new)
     # Right-aligned as "{:8.2f} scenarios/s" was: the two lines' columns line up.
     print(f"reference: {ref.seconds:8.2f} s  {per_second(ref.per_s(n)):>20}")
-    print(
-        f"fast:      {fst.seconds:8.2f} s  {per_second(fst.per_s(n)):>20}  "
-        f"(batch {fast.batch_size}, "
-        + (
-            "margin in ulps of the top logit, below"
-            if any(fast.bounds_ulps.values())
-            else f"margin {fast.margin:g}"
+    settings_text = (
+        (
+            f"(batch {fast.batch_size}, "
+            + (
+                "margin in ulps of the top logit, below"
+                if any(fast.bounds_ulps.values())
+                else f"margin {fast.margin:g}"
+            )
+            + ")"
         )
-        + ")"
+        if isinstance(fast, FastDecoder)
+        else ""
     )
-    print(f"  turns: {_describe_stats(fast.stats)}")
-    handed = handed_to_reference(fast.stats)
-    print(
-        f"  handed to the reference call: {handed} of {fast.stats['turns']} turns "
-        f"({percent(handed / max(1, fast.stats['turns']), decimals=1)})"
-    )
-    for line in _describe_disagreement(fast):
+    print(f"fast:      {fst.seconds:8.2f} s  {per_second(fst.per_s(n)):>20}  {settings_text}")
+    for line in _describe_fast(fast, n):
         print(line)
-    print(
-        "  seconds: {prompts:.2f} building prompts (shared with the reference path), "
-        "{forward:.2f} forward passes, {verify:.2f} verification passes, {generate:.2f} "
-        "generate, {calibration:.2f} calibration".format(
-            **{"calibration": 0.0, "verify": 0.0, "generate": 0.0, **fast.seconds}
-        )
-    )
     if args.device != "cpu" and torch.cuda.is_available() and args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**30
         print(f"  peak accelerator memory: {peak:.2f} GiB (torch.cuda.max_memory_allocated)")
