@@ -1,0 +1,163 @@
+"""Free-running decoding (``history="model"``) is exact: the fast path's rollouts equal the
+reference path's turn for turn, on the demo (both adapters and the base model alone, which
+leaves the truth on most scenarios), on every family checkpoint, in float32 and 16-bit, one
+scenario at a time and batched; and the reference is what a user's own free-running loop
+gives.
+
+Two properties tie free-running to teacher-forced decoding and are checked on the way: up to
+and including the first turn where the model leaves the truth, the free-running prompts *are*
+the teacher-forced ones, so the outputs are the teacher-forced outputs; and a scenario that
+never leaves the truth is decoded exactly as teacher-forced, final answer included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from pytest_memeval.core.benchmark import Scenario, from_records
+from pytest_memeval.core.history import fed_back
+from pytest_memeval.decode import Rollout, make_model_decoder
+from pytest_memeval.decode.reference import ReferenceDecoder
+from pytest_memeval.model.loading import LoadedModel, load_model
+
+from ..conftest import ADAPTERS, BASE_MODEL, demo_records
+from ..families import FAMILIES
+from .test_families import Built, built, load_plain, val_records  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow
+
+MAX_NEW = 16
+
+# (adapter, data variant, dtype), as test_fast_decode.py's cases.
+DEMO_CASES = {
+    "baseline": ("baseline", "baseline", "float32"),
+    "oracle": ("oracle", "oracle", "float32"),
+    "base-only": (None, "baseline", "float32"),
+    "oracle-bf16": ("oracle", "oracle", "bfloat16"),
+    "base-only-fp16": (None, "baseline", "float16"),
+}
+
+
+def outputs(rollout: Rollout) -> list[tuple[str, bool | None]]:
+    return [(o.text, o.stopped) for o in rollout.outputs]
+
+
+def assert_exact(fast: Sequence[Rollout], reference: Sequence[Rollout]) -> None:
+    for f, r in zip(fast, reference, strict=True):
+        assert f.history == r.history == "model"
+        assert outputs(f) == outputs(r)
+        assert f.prompt_tail == r.prompt_tail
+
+
+def assert_shares_the_teacher_forced_turns(
+    scenario: Scenario, free: Rollout, forced: Rollout
+) -> bool:
+    """Up to and including the first departure, free-running = teacher-forced; never
+    departing, everything is. Returns whether the scenario left the truth."""
+    targets = [scenario.messages[k]["content"] for k in scenario.assistant_indices]
+    for i, (f, t) in enumerate(zip(free.outputs, forced.outputs, strict=True)):
+        assert f.text == fed_back(t.text) and f.stopped == t.stopped, (scenario.id, i)
+        if i < len(targets) - 1 and f.text != targets[i]:
+            return True  # from here on the prompts differ
+    assert free.prompt_tail == forced.prompt_tail
+    return False
+
+
+class DemoCase:
+    def __init__(self, loaded: LoadedModel, variant: str) -> None:
+        self.loaded = loaded
+        self.scenarios = list(from_records(demo_records(variant, 6), variant).scenarios)
+        ref = ReferenceDecoder(loaded, MAX_NEW, history="model")
+        self.reference = [ref.rollout(s) for s in self.scenarios]
+
+
+@pytest.fixture(scope="module", params=list(DEMO_CASES))
+def demo(request: pytest.FixtureRequest) -> Iterator[DemoCase]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # shared 2-core machines
+    adapter, variant, dtype = DEMO_CASES[request.param]
+    loaded = load_model(BASE_MODEL, ADAPTERS / adapter if adapter else None, dtype=dtype)
+    yield DemoCase(loaded, variant)
+    torch.set_num_threads(threads)
+
+
+def test_demo_fast_free_running_equals_reference(demo: DemoCase) -> None:
+    one_by_one = make_model_decoder("fast", demo.loaded, MAX_NEW, "model")
+    assert_exact([one_by_one.rollout(s) for s in demo.scenarios], demo.reference)
+    batched = make_model_decoder("fast", demo.loaded, MAX_NEW, "model")
+    batched.prefetch(demo.scenarios)
+    assert_exact([batched.rollout(s) for s in demo.scenarios], demo.reference)
+
+
+def test_demo_free_running_starts_as_teacher_forced(demo: DemoCase) -> None:
+    forced = ReferenceDecoder(demo.loaded, MAX_NEW)
+    left = [
+        assert_shares_the_teacher_forced_turns(s, free, forced.rollout(s))
+        for s, free in zip(demo.scenarios, demo.reference, strict=True)
+    ]
+    assert any(left), "no scenario left the truth: the comparison proves nothing"
+
+
+# -- families --------------------------------------------------------------------------------
+
+
+def plain_free_running(model: Any, tok: Any, messages: Sequence[dict[str, str]]) -> list[str]:
+    """The loop a user writes: greedy ``generate`` per assistant message on the chat
+    template's rendering of the history so far, each answer fed back stripped."""
+    import torch
+
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    history = [dict(m) for m in messages]
+    said = []
+    for k, message in enumerate(history):
+        if message["role"] != "assistant":
+            continue
+        enc = tok.apply_chat_template(
+            history[:k], add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=MAX_NEW, do_sample=False)
+        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        if new and new[-1] in eos_ids:
+            new = new[:-1]
+        said.append(tok.decode(new, skip_special_tokens=True).strip())
+        history[k] = {"role": "assistant", "content": said[-1]}
+    return said
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest, built: Built) -> Iterator[str]:  # noqa: F811
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    built.model(request.param)
+    yield request.param
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_family_fast_free_running_equals_reference(
+    family: str,
+    built: Built,  # noqa: F811
+    dtype: str,
+) -> None:
+    scenarios = list(from_records(val_records(family, 2), family).scenarios)
+    loaded = load_model(built.model(family), None, dtype=dtype)
+    reference = [ReferenceDecoder(loaded, MAX_NEW, history="model").rollout(s) for s in scenarios]
+    fast = make_model_decoder("fast", loaded, MAX_NEW, "model")
+    fast.prefetch(scenarios)
+    assert_exact([fast.rollout(s) for s in scenarios], reference)
+    forced = ReferenceDecoder(loaded, MAX_NEW)
+    for scenario, free in zip(scenarios, reference, strict=True):
+        assert_shares_the_teacher_forced_turns(scenario, free, forced.rollout(scenario))
+    if dtype == "float32":
+        model, tok = load_plain(built.model(family))
+        expected = [plain_free_running(model, tok, s.messages) for s in scenarios]
+        assert [[o.text for o in r.outputs] for r in reference] == expected
