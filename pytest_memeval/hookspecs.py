@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pytest_memeval.core.profiles import Profile
     from pytest_memeval.core.records import Metrics, Record
     from pytest_memeval.decode import Decoder
+    from pytest_memeval.tools.finished import FinishedRun
 
 
 @pytest.hookspec(firstresult=True)
@@ -63,4 +64,30 @@ def pytest_memeval_run_written(config: pytest.Config, run_dir: Path, metrics: Me
     ``metrics["complete"]``, ``["missing"]`` and ``["not_selected"]``. Not called when a run
     writes nothing (no eval item selected, a start-up failure, a recount disagreement, or a
     resume with nothing left to do).
+    """
+
+
+def pytest_memeval_run_finished(config: pytest.Config, run: FinishedRun) -> None:
+    """The session is over and its run is final: publish it (CI summary, JUnit, a tracker).
+
+    Called once per session, on the controller (never on an xdist worker), after every
+    ``pytest_sessionfinish`` implementation ran: the run directory is written and recounted,
+    the gate (if any) has decided the exit status, and the files of pytest's ``--junitxml``
+    and pytest-html's ``--html`` are on disk. ``run``
+    (:class:`~pytest_memeval.tools.finished.FinishedRun`) says where the run's files are, its
+    metrics, the resolved profile, the gate's outcome and the session's exit status.
+
+    Called for every run the session wrote, finished or not: ``run.complete`` is true only
+    for a run that evaluated every scenario of its benchmark (not a ``-k`` subset, a run with
+    missing scenarios, a stopped run or a shard); an implementation that keeps history (an
+    experiment tracker) should skip the others, as the bundled MLflow logger does. Not called
+    when the session wrote no run (see :func:`pytest_memeval_run_written`).
+
+    The bundled step summary (``$GITHUB_STEP_SUMMARY``, ``--memeval-summary-md``), the JUnit
+    properties (``--junitxml``) and the MLflow logger (``--memeval-mlflow``) are
+    implementations of this hook. Say what you published with
+    :func:`pytest_memeval.tools.finished.report_output` (a line in the terminal summary).
+    Each implementation is called on its own: one that raises is reported in red in the
+    terminal summary, the others still run, and the exit status stands (a tracker that is
+    down does not fail an eval). docs/ci-and-tracking.md has an example.
     """

@@ -61,6 +61,12 @@ pytest_plugins = [
     "pytest_memeval.guards.items",
     # --memeval-progress / memeval_progress: progress lines while a run goes (controller).
     "pytest_memeval.runtime.progress",
+    # The end of the session: pytest_memeval_run_finished, and its bundled implementations
+    # (the Markdown step summary, JUnit properties, the MLflow logger when asked for).
+    "pytest_memeval.tools.finished",
+    "pytest_memeval.tools.step_summary",
+    "pytest_memeval.tools.junit",
+    "pytest_memeval.tools.tracking.mlflow",
 ]
 # This module imports several of them before pytest reads ``pytest_plugins``; pytest would
 # then warn once per module that it cannot rewrite their asserts. They hold no test code, so

@@ -141,6 +141,13 @@ def memeval_project(pytester: pytest.Pytester) -> MemevalProject:
     return MemevalProject(pytester)
 
 
+@pytest.fixture(autouse=True)
+def _no_ci_job_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin's runs inside these tests must not append to the job summary of a GitHub
+    Actions job running this suite (tests that want one set their own file)."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test ``unit`` or ``integration`` by its folder, so that no file repeats it
     (``-m unit`` is the millisecond tests, ``-m "not slow"`` the inner loop)."""

@@ -1,5 +1,6 @@
-"""pytest internals: the rootdir/config-file decision (pytest#8846), the terminal writer, and
-the scenario record carried on a test report (see the end of this module).
+"""pytest internals: the rootdir/config-file decision (pytest#8846), the terminal writer, the
+file pytest's junitxml plugin writes, and the scenario record carried on a test report (see
+the end of this module).
 
 pytest picks its rootdir and config file before plugins add their options (pytest#8846);
 ``runtime/cmdline.py`` repeats that decision with every option known and, when it differs,
@@ -12,6 +13,7 @@ answers ``None`` there, and pytest's own choice stands (the ``--opt=VALUE`` spel
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,9 +22,11 @@ import pytest
 
 __all__ = [
     "CONFIG_INTERNALS",
+    "JunitFile",
     "Setup",
     "determine_setup",
     "drop_report_record",
+    "junit_file",
     "line_in_progress",
     "missing_config_internals",
     "report_record",
@@ -155,3 +159,42 @@ def report_record(report: pytest.TestReport) -> object | None:
 def drop_report_record(report: pytest.TestReport) -> None:
     """Remove the record from ``report`` (pytest keeps every report to the session's end)."""
     report.__dict__.pop(_RECORD_ATTR, None)
+
+
+# -- the JUnit XML file pytest writes --------------------------------------------------------
+
+
+class JunitFile(NamedTuple):
+    """The file pytest's junitxml plugin writes in this process, and its family (``xunit1``
+    for ``legacy`` too, or ``xunit2``)."""
+
+    path: Path
+    family: str
+
+
+def junit_file(config: pytest.Config) -> JunitFile | None:
+    """The JUnit XML file this process writes (``--junitxml``), or ``None`` (no
+    ``--junitxml``, an xdist worker, the junitxml plugin disabled with ``-p no:junitxml``)."""
+    # private: _pytest.junitxml.xml_key, the stash key of its LogXML, whose ``logfile`` is the
+    # path it writes (expanded and made absolute at configure) and ``family`` the schema
+    # ("legacy" already mapped to "xunit1"). Checked on pytest 9.0.3 and 9.2.0; without the
+    # key, the public option and ini value give the same (LogXML's own normalisation).
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:
+        pass
+    else:
+        xml = config.stash.get(xml_key, None)
+        if xml is None:
+            return None
+        logfile, family = getattr(xml, "logfile", None), getattr(xml, "family", None)
+        if isinstance(logfile, str) and family in ("xunit1", "xunit2"):
+            return JunitFile(Path(logfile), family)
+    if not config.pluginmanager.has_plugin("junitxml") or hasattr(config, "workerinput"):
+        return None
+    value = config.getoption("xmlpath", None)
+    if not value:
+        return None
+    path = os.path.normpath(os.path.abspath(os.path.expanduser(os.path.expandvars(value))))
+    family = config.getini("junit_family")
+    return JunitFile(Path(path), "xunit1" if family == "legacy" else str(family))

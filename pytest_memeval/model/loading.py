@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_memeval.core.noise import third_party_noise_filtered
 from pytest_memeval.model.checks import (
     CheckpointError,
     check_adapter_dir,
@@ -99,9 +100,11 @@ def load_model(
         from peft import PeftModel  # deferred: heavy, and only an adapter needs it
 
         try:
-            model = PeftModel.from_pretrained(
-                model, str(adapter_dir), is_trainable=False, local_files_only=True
-            )
+            # peft trips a transformers deprecation warning the user cannot act on (core/noise.py).
+            with third_party_noise_filtered():
+                model = PeftModel.from_pretrained(
+                    model, str(adapter_dir), is_trainable=False, local_files_only=True
+                )
         except (RuntimeError, ValueError, KeyError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(

@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": (
         "pytest_memeval.tools.report",
-        "write a self-contained HTML report of one or two runs",
+        "write a self-contained HTML report of runs (or their Markdown summary)",
     ),
     "known-failures": (
         "pytest_memeval.tools.known_failures",

@@ -66,6 +66,7 @@ from pytest_memeval.tools.slice_compare import (
     run_tags,
     slice_arguments,
 )
+from pytest_memeval.tools.summary_md import markdown_report
 from pytest_memeval.tools.templating import render, static_text
 
 if TYPE_CHECKING:
@@ -610,8 +611,16 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         type=Path,
-        default=Path("report.html"),
-        help="HTML file to write (default: report.html)",
+        default=None,
+        help="file to write (default: report.html; with --format markdown, standard output; "
+        "'-': standard output)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("html", "markdown"),
+        default="html",
+        help="html (default): the self-contained page; markdown: the summary a CI job page or "
+        "a pull-request comment shows (the one pytest appends to $GITHUB_STEP_SUMMARY)",
     )
     slice_arguments(parser)
 
@@ -619,10 +628,28 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
 def cli_main(args: argparse.Namespace) -> int:
     """Write the report: 0 on success, 2 when a run is refused."""
     paths = [args.run_a, *args.runs]
+    markdown = args.format == "markdown"
+    output = args.output or (Path("-") if markdown else Path("report.html"))
     try:
-        write_report(paths, args.output, slices=args.slices, method=args.correction)
+        if markdown:
+            # The Markdown summary has no per-slice table yet (the HTML page has one).
+            text = markdown_report(paths)
+        elif str(output) != "-":
+            write_report(paths, output, slices=args.slices, method=args.correction)
+        else:
+            runs = [load_run(p) for p in paths]
+            text = (
+                render_report(runs, slices=args.slices, method=args.correction)
+                if len(runs) <= 2
+                else render_many(runs[0], runs[1:], slices=args.slices, method=args.correction)
+            )
     except CompareError as exc:
         print(f"memeval report: refused: {exc}", file=sys.stderr)
         return 2
-    print(f"memeval report: wrote {args.output}")
+    if str(output) == "-":
+        sys.stdout.write(text)
+        return 0
+    if markdown:
+        atomic_write(output, [text])
+    print(f"memeval report: wrote {output}")
     return 0

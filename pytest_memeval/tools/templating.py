@@ -22,7 +22,15 @@ from pytest_memeval.tools.compare import fmt_ci, fmt_m2_ci, fmt_pp, fmt_pp_ci, f
 if TYPE_CHECKING:
     import jinja2
 
-__all__ = ["FILTERS", "TEMPLATE_PACKAGE", "environment", "render", "short_label", "static_text"]
+__all__ = [
+    "FILTERS",
+    "TEMPLATE_PACKAGE",
+    "environment",
+    "render",
+    "short_label",
+    "short_path",
+    "static_text",
+]
 
 #: the package whose ``templates/`` and ``static/`` folders hold the page's files
 TEMPLATE_PACKAGE = "pytest_memeval.tools"
@@ -43,6 +51,15 @@ def short_label(label: str, limit: int = 18) -> str:
     return label if len(label) <= limit else "…" + label[-(limit - 1) :]
 
 
+def short_path(path: str, parts: int = 2) -> str:
+    """A run's path cut to its last ``parts`` components (``…/runs/oracle``): the page shows
+    it under the run's label, with the full path on hover (its ``title``)."""
+    pieces = [p for p in path.replace("\\", "/").split("/") if p]
+    if len(pieces) <= parts:
+        return path
+    return "…/" + "/".join(pieces[-parts:])
+
+
 #: the formatting the templates use, by name: the same functions as the terminal's
 FILTERS: Mapping[str, Callable[..., str]] = {
     "rate": fmt_rate,
@@ -52,6 +69,7 @@ FILTERS: Mapping[str, Callable[..., str]] = {
     "ppci": fmt_pp_ci,
     "pct": _pct,
     "short": short_label,
+    "path": short_path,
     "pid": param_id,
     "f1": lambda value: f"{value:.1f}",  # SVG coordinates
     "g4": lambda value: f"{value:.4g}",  # p-values

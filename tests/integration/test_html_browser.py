@@ -8,6 +8,7 @@ prediction carries stays text and never runs.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from pytest_memeval.tools.cli import main
 
 from ..pages import INJECTED, Page, injected_runs
+from ..runfactory import seed_runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -98,3 +100,33 @@ def test_browser_screenshot(page_file: Path, tmp_path: Path) -> None:
     _chromium(f"--screenshot={shot}", "--window-size=1280,1600", page_file.as_uri(), tmp=tmp_path)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a rendered page, not blank
+
+
+def test_summary_tables_fit_a_1400_pixel_window(tmp_path: Path) -> None:
+    """Runs in deep CI-style directories: the summary table (two runs) and the leaderboard
+    (several) stay inside a 1400-pixel window; each path shows its last parts, all on hover.
+
+    The width is measured by the browser: a copy of the page (its policy removed) whose
+    script writes the document's scroll width into its title once laid out.
+    """
+    deep = tmp_path / "home/ci-runner/work/acme-robotics/scene-memory-finetuning/experiments"
+    a, b = seed_runs(deep / "2026-12-02/lr-sweep/runs")
+    a = a.rename(a.parent / "baseline@checkpoint-12000-lora-r16-alpha32-dropout005-0a1b2c3d4e")
+    b = b.rename(b.parent / "oracle@checkpoint-12000-lora-r16-alpha32-dropout005-9f8e7d6c5b")
+    for runs, name in (([a, b], "two.html"), ([a, b, a], "many.html")):
+        page = tmp_path / name
+        assert main(["report", *map(str, runs), "-o", str(page)]) == 0
+        html = page.read_text("utf-8")
+        assert f"title='{a}'" in html and f"…/runs/{a.name}</small>" in html
+        measure = tmp_path / f"measure-{name}"
+        measure.write_text(
+            re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
+                "</body>",
+                "<script>window.addEventListener('load', () => {"
+                "document.title = 'overflow=' + (document.documentElement.scrollWidth - "
+                "document.documentElement.clientWidth);});</script></body>",
+            ),
+            "utf-8",
+        )
+        dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=tmp_path)
+        assert "<title>overflow=0</title>" in dom, (name, re.findall(r"<title>[^<]*", dom)[:1])

@@ -47,6 +47,7 @@ DEFERRABLE = {
     "peft": "heavy: only when an adapter is loaded",
     "pytest_html": "optional dependency",
     "jinja2": "only when a page is rendered (the pytest-html hooks load on every start)",
+    "mlflow": "optional dependency (pytest-memeval[mlflow]), and seconds to import",
 }
 
 #: packages whose internals are reached only through compat/, with their public modules

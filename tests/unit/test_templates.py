@@ -157,7 +157,10 @@ def test_two_run_page_escapes_every_section(hostile_runs: tuple[Path, Path, Path
     assert page.text_in("title", within="head") == f"memeval report: {label_a} vs {label_b}"
     assert page.text_in("h1") == f"memeval report: {label_a} vs {label_b}"
     summary = page.text_in("table", id="compare")
-    assert label_a in summary and label_b in summary and str(a) in summary and str(b) in summary
+    assert label_a in summary and label_b in summary
+    # Each run's path: its last two parts as text (the table fits a window), all on hover.
+    assert f"…/{a.parent.name}/{a.name}" in summary and f"…/{b.parent.name}/{b.name}" in summary
+    assert page.attr_values("small", "title") == [str(a), str(b)]
     # Charts: the full label in each whisker's tooltip and each line's data-run attribute.
     charts = page.text_in("svg", class_="ci-chart")
     assert charts.count(f"{label_a}: ") == 2 and charts.count(f"{label_b}: ") == 2
@@ -193,7 +196,8 @@ def test_one_run_and_many_run_pages_escape_every_section(
     many = _no_foreign_markup(render_many(load_run(a), [load_run(b), load_run(c)]), scripts=0)
     board = many.text_in("table", id="leaderboard")
     for run in (a, b, c):
-        assert str(run) in board
+        assert f"…/{run.parent.name}/{run.name}" in board
+    assert sorted(v or "" for v in many.attr_values("small", "title")) == [str(a), str(b), str(c)]
     for label in (f"a{EVIL}", f"b{EVIL}", f"c{EVIL}"):
         assert label in board
     assert many.attr_values("g", "data-run") == [f"c{EVIL}", f"b{EVIL}"]  # by m1, best first
