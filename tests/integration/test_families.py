@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
+from pytest_memeval.core.history import fed_back
+from pytest_memeval.decode import make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.checks import check_adapter_fits, fingerprint_dir
@@ -206,6 +208,63 @@ def test_16bit_fast_equals_reference(family: str, built: Built, dtype: str) -> N
     decoder = FastDecoder(loaded, MAX_NEW)
     assert [rollout_outputs(r) for r in decoder.decode(scenarios)] == reference
     assert decoder.stats["turns"] == sum(len(r) for r in reference)
+
+
+# --------------------------------------------------------------------------- free-running
+def plain_free_running(model: Any, tok: Any, messages: Sequence[dict[str, str]]) -> list[str]:
+    """The loop a user writes for ``--memeval-history model``: greedy ``generate`` per
+    assistant message on the chat template's rendering of the history so far, each answer
+    fed back stripped of surrounding whitespace."""
+    import torch
+
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    history = [dict(m) for m in messages]
+    said = []
+    for k, message in enumerate(history):
+        if message["role"] != "assistant":
+            continue
+        enc = tok.apply_chat_template(
+            history[:k], add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=MAX_NEW, do_sample=False)
+        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        if new and new[-1] in eos_ids:
+            new = new[:-1]
+        said.append(tok.decode(new, skip_special_tokens=True).strip())
+        history[k] = {"role": "assistant", "content": said[-1]}
+    return said
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_free_running_fast_equals_reference_and_the_plain_loop(
+    family: str, built: Built, dtype: str
+) -> None:
+    """Free-running (``history="model"``): the fast path's rollouts equal the reference
+    path's; up to the first turn that leaves the truth they are the teacher-forced outputs;
+    in fp32 the reference is the user's own loop (above)."""
+    scenarios = scenarios_of(val_records(family, 2))
+    loaded = load_model(built.model(family), None, dtype=dtype)
+    free = [ReferenceDecoder(loaded, MAX_NEW, history="model").rollout(s) for s in scenarios]
+    fast = make_model_decoder("fast", loaded, MAX_NEW, "model")
+    fast.prefetch(scenarios)
+    assert [rollout_outputs(fast.rollout(s)) for s in scenarios] == [
+        rollout_outputs(r) for r in free
+    ]
+    forced = ReferenceDecoder(loaded, MAX_NEW)
+    for scenario, rollout in zip(scenarios, free, strict=True):
+        targets = [scenario.messages[k]["content"] for k in scenario.assistant_indices]
+        for i, (mine, theirs) in enumerate(
+            zip(rollout.outputs, forced.rollout(scenario).outputs, strict=True)
+        ):
+            assert mine.text == fed_back(theirs.text), (scenario.id, i)
+            if mine.text != targets[i]:
+                break  # the prompts differ from here on
+    if dtype == "float32":
+        model, tok = load_plain(built.model(family))
+        expected = [plain_free_running(model, tok, s.messages) for s in scenarios]
+        assert [[o.text for o in r.outputs] for r in free] == expected
 
 
 # --------------------------------------------------------------------------- BOS

@@ -1,8 +1,8 @@
 """Free-running decoding (``history="model"``) is exact: the fast path's rollouts equal the
 reference path's turn for turn, on the demo (both adapters and the base model alone, which
-leaves the truth on most scenarios), on every family checkpoint, in float32 and 16-bit, one
-scenario at a time and batched; and the reference is what a user's own free-running loop
-gives.
+leaves the truth on most scenarios), in float32 and 16-bit, one scenario at a time and
+batched (the family checkpoints: ``test_families.py``, which also checks the reference against
+a user's own free-running loop).
 
 Two properties tie free-running to teacher-forced decoding and are checked on the way: up to
 and including the first turn where the model leaves the truth, the free-running prompts *are*
@@ -13,7 +13,6 @@ never leaves the truth is decoded exactly as teacher-forced, final answer includ
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pytest
 
@@ -24,8 +23,6 @@ from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model
 
 from ..conftest import ADAPTERS, BASE_MODEL, demo_records
-from ..families import FAMILIES
-from .test_families import Built, built, load_plain, val_records  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -101,63 +98,3 @@ def test_demo_free_running_starts_as_teacher_forced(demo: DemoCase) -> None:
         for s, free in zip(demo.scenarios, demo.reference, strict=True)
     ]
     assert any(left), "no scenario left the truth: the comparison proves nothing"
-
-
-# -- families --------------------------------------------------------------------------------
-
-
-def plain_free_running(model: Any, tok: Any, messages: Sequence[dict[str, str]]) -> list[str]:
-    """The loop a user writes: greedy ``generate`` per assistant message on the chat
-    template's rendering of the history so far, each answer fed back stripped."""
-    import torch
-
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos) if isinstance(eos, list) else {eos}
-    history = [dict(m) for m in messages]
-    said = []
-    for k, message in enumerate(history):
-        if message["role"] != "assistant":
-            continue
-        enc = tok.apply_chat_template(
-            history[:k], add_generation_prompt=True, return_dict=True, return_tensors="pt"
-        )
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=MAX_NEW, do_sample=False)
-        new = out[0, enc["input_ids"].shape[1] :].tolist()
-        if new and new[-1] in eos_ids:
-            new = new[:-1]
-        said.append(tok.decode(new, skip_special_tokens=True).strip())
-        history[k] = {"role": "assistant", "content": said[-1]}
-    return said
-
-
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request: pytest.FixtureRequest, built: Built) -> Iterator[str]:  # noqa: F811
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    built.model(request.param)
-    yield request.param
-    torch.set_num_threads(threads)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_family_fast_free_running_equals_reference(
-    family: str,
-    built: Built,  # noqa: F811
-    dtype: str,
-) -> None:
-    scenarios = list(from_records(val_records(family, 2), family).scenarios)
-    loaded = load_model(built.model(family), None, dtype=dtype)
-    reference = [ReferenceDecoder(loaded, MAX_NEW, history="model").rollout(s) for s in scenarios]
-    fast = make_model_decoder("fast", loaded, MAX_NEW, "model")
-    fast.prefetch(scenarios)
-    assert_exact([fast.rollout(s) for s in scenarios], reference)
-    forced = ReferenceDecoder(loaded, MAX_NEW)
-    for scenario, free in zip(scenarios, reference, strict=True):
-        assert_shares_the_teacher_forced_turns(scenario, free, forced.rollout(scenario))
-    if dtype == "float32":
-        model, tok = load_plain(built.model(family))
-        expected = [plain_free_running(model, tok, s.messages) for s in scenarios]
-        assert [[o.text for o in r.outputs] for r in reference] == expected
