@@ -191,7 +191,7 @@ def _describe_fast(fast: Any, n: int) -> list[str]:
     """What the fast path did (a :class:`FastDecoder`'s counters), or that it handed every
     scenario to the reference path (its rollouts' notes)."""
     if not isinstance(fast, FastDecoder):
-        return [f"  fast path: {FAST_FREE_RUNNING_NOTE} ({n} scenarios)"]
+        return [f"  {FAST_FREE_RUNNING_NOTE} ({n} scenarios)"]
     lines = [f"  turns: {_describe_stats(fast.stats)}"]
     handed = handed_to_reference(fast.stats)
     lines.append(

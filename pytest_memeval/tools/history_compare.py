@@ -11,10 +11,11 @@ m1, the sign-flip permutation test on m2), the scenarios right teacher-forced bu
 free-running (derailed) and the reverse (recovered), the scenarios that lost turns, and where
 each run first left the truth.
 
-One property is checked on the way: a scenario the free-running run never took off the truth
-saw the teacher-forced prompts at every turn, so its final answer must be the teacher-forced
-run's too. If it is not, the two runs were not decoded alike (another decode path that is not
-exact, other weights under the same fingerprint...), and the result says so.
+One property is checked on the way: up to and including the first turn where the free-running
+run left the truth, its prompts were the teacher-forced ones, so its outputs there must be the
+teacher-forced run's (and a scenario that never left the truth must answer the final query
+alike). A scenario where they are not was not decoded alike in the two runs (a decode path
+that is not exact, other weights under the same fingerprint...), and the result names it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TypedDict
 from pytest_memeval.core.formatting import score_text, shown_ids
 from pytest_memeval.core.free_running import left_truth_words
 from pytest_memeval.core.history import HISTORY_MODEL, fed_back, history_of
-from pytest_memeval.core.records import LeftTruth, RateBlock
+from pytest_memeval.core.records import LeftTruth, RateBlock, Record
 from pytest_memeval.tools.compare import Comparison, RunData, fmt_pp, fmt_pp_ci
 
 __all__ = ["HistoryPair", "format_history_pair", "history_pair"]
@@ -52,7 +53,7 @@ class HistoryPair(TypedDict):
     lost_turns: list[str]
     gained_turns: list[str]
     left_truth: dict[str, LeftTruth | None]
-    never_left_but_differs: list[str]
+    differs_before_departure: list[str]
 
 
 def _negated(ci: list[float] | None) -> list[float] | None:
@@ -113,14 +114,26 @@ def history_pair(run_a: RunData, run_b: RunData, result: Comparison) -> HistoryP
             "teacher_forced": tf.metrics.get("left_truth"),
             "free_running": fr.metrics.get("left_truth"),
         },
-        "never_left_but_differs": [
+        "differs_before_departure": [
             sid
             for sid, rec in fr.records.items()
-            if "left_truth_at" in rec
-            and rec["left_truth_at"] is None
-            and fed_back(tf.records[sid]["final_pred"]) != rec["final_pred"]
+            if not _alike_before_departure(tf.records[sid], rec)
         ],
     }
+
+
+def _alike_before_departure(truth: Record, model: Record) -> bool:
+    """Whether the free-running record's outputs up to and including its first departure
+    (all of them, final answer included, when it never left the truth) are the
+    teacher-forced record's, as fed back. Records without the facts are not checked."""
+    if "left_truth_at" not in model:
+        return True
+    at = model["left_truth_at"]
+    upto = len(model["turns"]) if at is None else at + 1
+    pairs = zip(truth["turns"][:upto], model["turns"][:upto], strict=True)
+    if any(fed_back(t["pred"]) != m["pred"] for t, m in pairs):
+        return False
+    return at is not None or fed_back(truth["final_pred"]) == model["final_pred"]
 
 
 def format_history_pair(pair: HistoryPair, n: int) -> list[str]:
@@ -156,11 +169,11 @@ def format_history_pair(pair: HistoryPair, n: int) -> list[str]:
         (pair["gained_turns"], "scenarios with more turns right free-running"),
     ):
         lines.append(f"  {words}: {len(ids)}" + (f": {shown_ids(ids)}" if ids else ""))
-    if pair["never_left_but_differs"]:
-        ids = pair["never_left_but_differs"]
+    if pair["differs_before_departure"]:
+        ids = pair["differs_before_departure"]
         lines.append(
-            f"  WARNING: {len(ids)} scenario(s) never left the truth free-running (every "
-            "prompt was the teacher-forced one) yet answer the final query differently in the "
-            f"two runs: they were not decoded alike: {shown_ids(ids)}"
+            f"  WARNING: {len(ids)} scenario(s) answer differently in the two runs where the "
+            "free-running prompts were still the teacher-forced ones (up to the first turn "
+            f"that left the truth): they were not decoded alike: {shown_ids(ids)}"
         )
     return lines

@@ -242,13 +242,25 @@ FPS = {"benchmark": "sha256:b", "model": "sha256:m", "adapter": "sha256:a", "dec
 
 def _pair(tmp_path: Path, *, adapter: str = "sha256:a") -> tuple[Path, Path]:
     """A teacher-forced run and a free-running run of 6 scenarios: s1 and s2 derail (right
-    teacher-forced, wrong free-running), s3 recovers; s1..s3 left the truth at turn 0
-    free-running and lose their later turns."""
+    teacher-forced, wrong free-running), s3 recovers; s1..s3 leave the truth at turn 0 in
+    both runs (the same prompt, the same wrong turn) and lose their second turn only
+    free-running, where the wrong turn stays in the history."""
     truth, model = [], []
     for i in range(6):
         sid = f"s{i}"
-        truth.append(with_history(make_record(sid, i, final_match=i != 3), "truth"))
         left = i in (1, 2, 3)
+        truth.append(
+            with_history(
+                make_record(
+                    sid,
+                    i,
+                    final_match=i != 3,
+                    turn_matches=[not left, True],
+                    turn_preds=["pick cup from counter", "place mug in sink"] if left else None,
+                ),
+                "truth",
+            )
+        )
         model.append(
             with_history(
                 make_record(
@@ -282,9 +294,9 @@ def test_compare_pairs_the_two_histories_of_one_checkpoint(tmp_path: Path) -> No
     assert pair["derailed"] == ["s1", "s2"] and pair["recovered"] == ["s3"]
     assert pair["m1_gap_pp"] == pytest.approx(-100 / 6)
     assert pair["lost_turns"] == ["s1", "s2", "s3"] and pair["gained_turns"] == []
-    assert pair["m2_gap_pp"] == pytest.approx(-50.0)
+    assert pair["m2_gap_pp"] == pytest.approx(-25.0)
     assert pair["m1_p"] == result["mcnemar"]["p_value"]
-    assert pair["never_left_but_differs"] == []
+    assert pair["differs_before_departure"] == []
     left = pair["left_truth"]["free_running"]
     assert left is not None and left["at"] == {"0": 3} and left["never"] == 3
     text = "\n".join(format_history_pair(pair, result["n"]))
@@ -302,16 +314,26 @@ def test_compare_pairs_the_two_histories_of_one_checkpoint(tmp_path: Path) -> No
     assert history_pair(run_a, run_a, compare_runs(run_a, run_a)) is None
 
 
-def test_a_scenario_that_never_left_the_truth_must_answer_alike(tmp_path: Path) -> None:
+def test_outputs_before_the_first_departure_must_be_alike(tmp_path: Path) -> None:
+    """Up to the first departure the prompts were the teacher-forced ones: a scenario whose
+    outputs differ there (s0 never left the truth but answers the final query otherwise; s1
+    left at turn 0 with another wrong turn than the teacher-forced run's) is named."""
     a, b = _pair(tmp_path)
     records = [json.loads(line) for line in (b / "predictions.jsonl").read_text().splitlines()]
-    records[0]["final_pred"] = "a different answer"  # s0 never left the truth
+    records[0]["final_pred"] = "a different answer"
     records[0]["final_match"] = False
+    records[1]["turns"][0]["pred"] = "pick plate from counter"
     write_run(b, records, ckpt="c", history="model", fingerprints={**FPS, "decoding": "d-m"})
+    truth = [json.loads(line) for line in (a / "predictions.jsonl").read_text().splitlines()]
+    truth[2]["turns"][1]["pred"] = "place mug in the sink"  # after s2's departure: allowed
+    truth[2] = with_history(truth[2], "truth")
+    write_run(a, truth, ckpt="c", history="truth", fingerprints=FPS)
     run_a, run_b = load_run(a), load_run(b)
     pair = history_pair(run_a, run_b, compare_runs(run_a, run_b))
-    assert pair is not None and pair["never_left_but_differs"] == ["s0"]
-    assert "WARNING: 1 scenario(s) never left the truth" in "\n".join(format_history_pair(pair, 6))
+    assert pair is not None and pair["differs_before_departure"] == ["s0", "s1"]
+    assert "WARNING: 2 scenario(s) answer differently in the two runs where" in "\n".join(
+        format_history_pair(pair, 6)
+    )
 
 
 def test_compare_refuses_two_histories_of_two_checkpoints(tmp_path: Path) -> None:
@@ -330,8 +352,11 @@ def test_the_teacher_forced_run_beside_a_free_running_one(tmp_path: Path) -> Non
     assert beside.path == a and beside.metrics is not None
     rows = position_rows(free, beside.metrics)
     assert [r.label for r in rows] == ["0", "1", "never"]
-    assert rows[0].free_running == {"correct": 3, "total": 6}
-    assert rows[0].teacher_forced == {"correct": 6, "total": 6}
+    assert rows[0].free_running == rows[0].teacher_forced == {"correct": 3, "total": 6}
+    assert (rows[1].free_running, rows[1].teacher_forced) == (
+        {"correct": 3, "total": 6},
+        {"correct": 6, "total": 6},
+    )
     assert [r.left_truth for r in rows] == [3, 0, 3]
     # Another adapter beside it: not shown, and the note says why.
     _, other_b = _pair(tmp_path / "other", adapter="sha256:other")
