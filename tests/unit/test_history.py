@@ -380,3 +380,26 @@ def test_positions_are_grouped_to_fit_the_terminal() -> None:
     assert len(rows) == 11 and rows[0].label == "0-3" and rows[-2].label == "36-39"
     assert rows[0].free_running == {"correct": 4, "total": 8} and rows[0].teacher_forced is None
     assert [r.left_truth for r in rows] == [5, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2]
+
+
+def test_pages_show_a_free_running_run_beside_its_teacher_forced_run(tmp_path: Path) -> None:
+    """pytest-html's summary and ``memeval report`` of a free-running run alone: where it left
+    the truth, the teacher-forced run found beside it, both m2 curves, the departures chart;
+    of the two histories together, the gap with the derailed scenarios linked."""
+    from pytest_memeval.tools.report import render_report, summary_html
+
+    a, b = _pair(tmp_path)
+    free = load_checked_run(b).metrics
+    html = summary_html(free, None, b)
+    assert "history: model (free-running" in html
+    assert f"teacher-forced run of this checkpoint: {a}" in html
+    assert "<th style=" in html and ">never</td>" in html
+    assert "history:" not in summary_html(load_checked_run(a).metrics, None, a)
+    page = render_report([load_run(b)])
+    assert page.count("<polyline") == 2 and 'data-run="c (teacher-forced)"' in page
+    assert 'class="departure-chart"' in page and "Teacher-forced and free-running" in page
+    both = render_report([load_run(a), load_run(b)])
+    assert "derailed: 2 (right teacher-forced, wrong free-running)" in both
+    assert "href='#s-s1'" in both and 'class="departure-chart"' in both
+    # A teacher-forced run alone has no such section.
+    assert "Teacher-forced and free-running" not in render_report([load_run(a)])
