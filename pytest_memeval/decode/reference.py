@@ -80,15 +80,21 @@ def free_running_rollout(
     max_new_tokens: int,
     path: str,
     notes: tuple[str, ...] = (),
+    settled: Sequence[TurnOutput] = (),
 ) -> Rollout:
     """One greedy ``generate`` per assistant message, each on the prompt whose earlier
     assistant messages are this rollout's own outputs so far (free-running): the reference
     of ``--memeval-history model``. Every output is stored as it was fed back
-    (:func:`~pytest_memeval.core.history.fed_back`), the final answer too."""
-    texts: list[str] = []
-    outputs: list[TurnOutput] = []
+    (:func:`~pytest_memeval.core.history.fed_back`), the final answer too.
+
+    ``settled``: the outputs of the first turns, already decoded (free-running, as fed
+    back) by a caller that hands the rest of the scenario over (the fast path)."""
+    texts = [out.text for out in settled]
+    outputs = list(settled)
     prompt: TurnPrompt | None = None
-    for turn in range(len(scenario.assistant_indices)):
+    if len(outputs) >= len(scenario.assistant_indices):
+        raise ValueError(f"scenario {scenario.id}: every turn is settled already")
+    for turn in range(len(outputs), len(scenario.assistant_indices)):
         prompt = free_running_prompt(loaded.tokenizer, scenario, texts, turn)
         out = generate_from(loaded, prompt.ids, max_new_tokens)
         texts.append(fed_back(out.text))

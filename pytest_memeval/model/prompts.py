@@ -10,6 +10,7 @@ the token guards take their ids from here, so they cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "conversation_ids",
     "encode_many",
     "free_running_prompt",
+    "history_scenario",
     "prompt_texts",
     "render",
     "scenario_prompts",
@@ -115,12 +117,17 @@ class _PrefixRenderer:
         return str(text)
 
 
-def prompt_texts(tokenizer: Any, scenario: Scenario, conversation: str) -> list[str]:
-    """The text of every turn prompt; ``conversation`` is ``apply_chat_template``'s rendering
-    of the whole scenario, the reference the shortcut is checked against."""
-    ks = scenario.assistant_indices
+def prompt_texts(
+    tokenizer: Any, scenario: Scenario, conversation: str, turns: Sequence[int] | None = None
+) -> list[str]:
+    """The text of every turn prompt (or of the assistant messages numbered ``turns``, in
+    that order: a free-running round needs only the next few); ``conversation`` is
+    ``apply_chat_template``'s rendering of the whole scenario, the reference the shortcut is
+    checked against."""
+    every = scenario.assistant_indices
+    ks = every if turns is None else [every[t] for t in turns]
     renderer = _PrefixRenderer(tokenizer)  # cheap: transformers caches the compiled template
-    if renderer.compiled is not None:
+    if renderer.compiled is not None and ks:
         texts = [renderer.render(scenario.messages[:k], True) for k in ks]
         # The check that keeps this exact: the same text as apply_chat_template, here.
         if renderer.render(scenario.messages, False) == conversation and texts[-1] == render(
@@ -158,6 +165,14 @@ def with_history(
     for k, text in zip(scenario.assistant_indices, outputs, strict=False):
         messages[k]["content"] = text
     return messages if upto is None else messages[:upto]
+
+
+def history_scenario(scenario: Scenario, outputs: Sequence[str]) -> Scenario:
+    """``scenario`` with its first ``len(outputs)`` assistant messages replaced by
+    ``outputs`` (:func:`with_history`): the conversation as the model has made it so far,
+    the truth after it. Every free-running prompt of the turns that follow ``outputs`` is
+    this scenario's teacher-forced prompt of that turn."""
+    return dataclasses.replace(scenario, messages=tuple(with_history(scenario, outputs)))
 
 
 def free_running_prompt(
