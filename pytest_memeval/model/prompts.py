@@ -167,12 +167,17 @@ def with_history(
     return messages if upto is None else messages[:upto]
 
 
-def history_scenario(scenario: Scenario, outputs: Sequence[str]) -> Scenario:
+def history_scenario(
+    scenario: Scenario, outputs: Sequence[str], through: int | None = None
+) -> Scenario:
     """``scenario`` with its first ``len(outputs)`` assistant messages replaced by
     ``outputs`` (:func:`with_history`): the conversation as the model has made it so far,
-    the truth after it. Every free-running prompt of the turns that follow ``outputs`` is
-    this scenario's teacher-forced prompt of that turn."""
-    return dataclasses.replace(scenario, messages=tuple(with_history(scenario, outputs)))
+    the truth after it, ending with assistant message number ``through`` (0-based; ``None``:
+    the whole conversation). Every free-running prompt of the turns that follow ``outputs``
+    (up to ``through``) is this scenario's teacher-forced prompt of that turn."""
+    upto = None if through is None else scenario.assistant_indices[through] + 1
+    messages = with_history(scenario, outputs, upto)
+    return dataclasses.replace(scenario, messages=tuple(messages))
 
 
 def free_running_prompt(

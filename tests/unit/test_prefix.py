@@ -64,6 +64,10 @@ def test_some_turns_only_and_the_free_running_prompts(tokenizer: Any) -> None:
         assert prompt == free_running_prompt(tokenizer, scenario, outputs, turn)
     assert free_running_prompt(tokenizer, scenario, [], 0) == every[0]
     assert later[0] != every[2]  # the history differs: so do the prompts
+    # Cut after the turn a round needs last: the same prompts, a shorter conversation.
+    short = history_scenario(scenario, outputs, through=3)
+    assert proven_scenario_prompts(tokenizer, short, [2, 3])[0] == later
+    assert len(short.assistant_indices) == 4 and short.messages[-1]["role"] == "assistant"
 
 
 def test_a_prompt_not_ending_on_an_added_token_is_tokenised(tokenizer: Any) -> None:
