@@ -71,8 +71,8 @@ def teacher_forced_beside(run_dir: Path, metrics: Metrics) -> TeacherForcedBesid
         return TeacherForcedBeside(
             path,
             None,
-            f"no finished teacher-forced run in {path} (the same command with "
-            "--memeval-history truth writes it)",
+            f"no finished teacher-forced run in {path} (a teacher-forced run of this "
+            "checkpoint there would be shown beside this one)",
         )
     theirs = run.metrics
     why = ""
