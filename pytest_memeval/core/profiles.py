@@ -3,8 +3,11 @@
 A model profile::
 
     [tool.memeval.ckpt.oracle]
-    model = "demo/checkpoint/base"                 # transformers model directory (required)
+    model = "demo/checkpoint/base"                 # transformers model directory, or a
+                                                   # .gguf file (required)
     adapter = "demo/checkpoint/adapters/oracle"    # PEFT adapter directory (optional)
+    tokenizer = "tokenizers/smollm2"               # tokenizer directory (optional; default:
+                                                   # the model's own, a GGUF file's included)
     benchmark = "data/val.jsonl"                   # a JSONL file, or a builder table:
     # benchmark = { builder = "scene_memory", tasks = "...", init_state_manifest = "..." }
     generation = { max_new_tokens = 16, dtype = "float32", attn_implementation = "eager" }
@@ -50,7 +53,7 @@ __all__ = [
     "resolve_profile",
 ]
 
-_MODEL_KEYS = {"kind", "model", "adapter", "benchmark", "generation", "parse"}
+_MODEL_KEYS = {"kind", "model", "adapter", "tokenizer", "benchmark", "generation", "parse"}
 _REPLAY_KEYS = {"kind", "predictions", "benchmark", "parse"}
 _GENERATION_KEYS = {"max_new_tokens", "dtype", "attn_implementation"}
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -105,10 +108,27 @@ class Profile:
     predictions: Path | None = None
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     parse: ParseRules = field(default_factory=ParseRules)
+    #: the profile's ``tokenizer`` directory; ``None``: the model's own tokenizer
+    tokenizer: Path | None = None
+    #: a GGUF ``model``'s safetensors conversion (set at configure, model/gguf.py)
+    converted: Path | None = None
 
     @property
     def root(self) -> Path:
         return self.source.parent
+
+    @property
+    def model_dir(self) -> Path:
+        """The transformers directory to load: ``model``, or a GGUF file's conversion."""
+        directory = self.converted or self.model
+        if directory is None:
+            raise ValueError(f"profile {self.name!r} ({self.kind}) has no model")
+        return directory
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Where the tokenizer and its chat template load from."""
+        return self.tokenizer or self.model_dir
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -181,18 +201,23 @@ def resolve_profile(name: str, path: Path) -> Profile:
         return Profile(
             name, kind, benchmark, path, predictions=required_path("predictions"), parse=rules
         )
-    adapter = raw.get("adapter")
-    if adapter is not None and (not isinstance(adapter, str) or not adapter):
-        raise ProfileError(f"{where}: 'adapter' must be a path string")
+
+    def optional_path(key: str) -> Path | None:
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ProfileError(f"{where}: {key!r} must be a path string")
+        return (root / value).resolve() if value else None
+
     return Profile(
         name,
         kind,
         benchmark,
         path,
         model=required_path("model"),
-        adapter=(root / adapter).resolve() if adapter else None,
+        adapter=optional_path("adapter"),
         generation=_generation(raw.get("generation", {}), where),
         parse=rules,
+        tokenizer=optional_path("tokenizer"),
     )
 
 
@@ -288,6 +313,7 @@ def apply_overrides(
     changes: dict[str, Any] = {}
     if model is not None:
         changes["model"] = model
+        changes["converted"] = None  # the profile's own model's conversion is not this one
         overrides["model"] = {"value": str(model), "profile": str(profile.model)}
     if adapter is not None:
         changes["adapter"] = adapter
@@ -336,6 +362,8 @@ def profile_to_plain(profile: Profile) -> dict[str, Any]:
         },
         "model": path(profile.model),
         "adapter": path(profile.adapter),
+        "tokenizer": path(profile.tokenizer),
+        "converted": path(profile.converted),
         "predictions": path(profile.predictions),
         "generation": {
             "max_new_tokens": profile.generation.max_new_tokens,
@@ -365,6 +393,8 @@ def profile_from_plain(data: Mapping[str, Any]) -> Profile:
         predictions=path(data["predictions"]),
         generation=GenerationSettings(**data["generation"]),
         parse=ParseRules(**data["parse"]),
+        tokenizer=path(data.get("tokenizer")),
+        converted=path(data.get("converted")),
     )
 
 

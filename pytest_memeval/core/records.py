@@ -234,6 +234,8 @@ class Fingerprints(TypedDict, total=False):
     model: str | None
     adapter: str | None
     decoding: str | None
+    #: only when the profile names a ``tokenizer`` directory
+    tokenizer: str | None
 
 
 class _CountFields(TypedDict):
@@ -426,7 +428,9 @@ _TURN_REQUIRED = _specs(
 )
 _OVERLONG = _specs(("tokens", "int", False), ("limit", "int", False))
 _PARSE_FAIL = _specs(("final", "int", False), ("turns", "int", False))
-_FINGERPRINTS = _specs(*((k, "str", True) for k in ("benchmark", "model", "adapter", "decoding")))
+_FINGERPRINTS = _specs(
+    *((k, "str", True) for k in ("benchmark", "model", "adapter", "decoding", "tokenizer"))
+)
 _RATE_REQUIRED = _specs(
     ("correct", "int", False),
     ("total", "int", False),

@@ -55,7 +55,9 @@ from pytest_memeval.guards.checks import (
     serialize_tokens,
 )
 from pytest_memeval.guards.snapshot import OrderSnapshot, RecordSnapshot, TokenSnapshot
-from pytest_memeval.runtime.session import load_benchmark, profiles_file
+from pytest_memeval.model.checks import CheckpointError
+from pytest_memeval.model.gguf import convert_gguf, is_gguf
+from pytest_memeval.runtime.session import cache_dir, load_benchmark, profiles_file
 
 if TYPE_CHECKING:
     from syrupy.assertion import SnapshotAssertion
@@ -104,6 +106,8 @@ class GuardVariant:
     #: scenario id -> its built line (``dump_record`` of what the harness evaluates), in order
     lines: dict[str, bytes]
     tokenizer_dir: Path | None
+    #: where a GGUF file named as the tokenizer's source is converted (core/cache.py)
+    cache_root: Path | None = None
     _reference: ReferenceFile | None = None
     _tokenizer: Any = None
     _tokens: dict[str, PromptTokens] = field(default_factory=dict)
@@ -129,10 +133,17 @@ class GuardVariant:
         """The tokenizer the prompts are rendered with (loaded once per process)."""
         if self._tokenizer is None:
             directory = self.tokenizer_dir
+            if is_gguf(directory) and self.cache_root is not None:
+                # A GGUF model: its tokenizer from the file's conversion (made once).
+                assert directory is not None
+                try:
+                    directory = convert_gguf(directory, self.cache_root).directory
+                except CheckpointError as exc:
+                    raise GuardError(f"{self.spec.where}: {exc}") from None
             if directory is None or not directory.is_dir():
                 raise GuardError(
                     f"{self.spec.where}: tokenizer directory not found: {directory} "
-                    "(key 'tokenizer', default: the profile's 'model')"
+                    "(key 'tokenizer', default: the profile's 'tokenizer' or 'model')"
                 )
             # Deferred: transformers takes seconds; only a guard that renders prompts needs it.
             from transformers import AutoTokenizer
@@ -188,14 +199,14 @@ def _load_variant(config: pytest.Config, spec: GuardSpec) -> GuardVariant:
         benchmark = load_benchmark(config, profile)
     except ValueError as exc:
         raise GuardError(f"{spec.where}: building profile {spec.profile!r}: {exc}") from None
-    tokenizer_dir = spec.tokenizer or profile.model
+    tokenizer_dir = spec.tokenizer or profile.tokenizer or profile.model
     if spec.needs_tokenizer and tokenizer_dir is None:
         raise GuardError(
             f"{spec.where}: profile {spec.profile!r} has no model directory; set 'tokenizer' "
             '(or prefix = false and no "tokens" snapshot)'
         )
     lines = {s.id: dump_record(s.to_record()).encode("utf-8") for s in benchmark.scenarios}
-    return GuardVariant(spec, benchmark, lines, tokenizer_dir)
+    return GuardVariant(spec, benchmark, lines, tokenizer_dir, cache_dir(config))
 
 
 def guard_variants(config: pytest.Config) -> list[GuardVariant]:

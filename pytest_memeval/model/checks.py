@@ -36,6 +36,7 @@ __all__ = [
     "check_adapter_dir",
     "check_adapter_fits",
     "check_model_dir",
+    "check_tokenizer_dir",
     "fingerprint_dir",
     "safetensors_shapes",
 ]
@@ -54,22 +55,32 @@ def _weights(directory: Path) -> tuple[list[Path], list[Path]]:
     return safe, pickled
 
 
-def check_model_dir(path: Path) -> None:
-    """Refuse a base-model directory that is missing, pickle-only or needs remote code."""
-    if not path.is_dir():
-        raise CheckpointError(f"model directory not found: {path}")
-    config = path / "config.json"
-    if not config.is_file():
-        raise CheckpointError(f"{path}: no config.json (not a transformers model directory)")
+def _refuse_remote_code(config: Path, what: str) -> None:
+    """Refuse a config file (``config.json``, ``tokenizer_config.json``) naming remote code."""
     try:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{config}: unreadable config ({exc})") from None
     if isinstance(data, dict) and "auto_map" in data:
         raise CheckpointError(
-            f"{config}: the model needs remote code (auto_map {sorted(data['auto_map'])}); "
+            f"{config}: the {what} needs remote code (auto_map {sorted(data['auto_map'])}); "
             "pytest-memeval never runs checkpoint code (trust_remote_code is off)"
         )
+
+
+def check_model_dir(path: Path) -> None:
+    """Refuse a base-model directory that is missing, pickle-only or needs remote code."""
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        raise CheckpointError(
+            f"{path} is a GGUF file, not a model directory: name it as a profile's 'model' "
+            "(or --memeval-model), which converts it once (pytest_memeval.model.gguf)"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"model directory not found: {path}")
+    config = path / "config.json"
+    if not config.is_file():
+        raise CheckpointError(f"{path}: no config.json (not a transformers model directory)")
+    _refuse_remote_code(config, "model")
     safe, pickled = _weights(path)
     if not safe:
         found = ", ".join(p.name for p in pickled) or "none"
@@ -77,6 +88,20 @@ def check_model_dir(path: Path) -> None:
             f"{path}: no .safetensors weights (found: {found}); pickle checkpoints are refused "
             "and never unpickled. Convert them with safetensors first."
         )
+
+
+def check_tokenizer_dir(path: Path) -> None:
+    """Refuse a ``tokenizer`` directory that is missing, holds no tokenizer or needs remote
+    code."""
+    if not path.is_dir():
+        raise CheckpointError(f"tokenizer directory not found: {path}")
+    config = path / "tokenizer_config.json"
+    if not config.is_file() and not (path / "tokenizer.json").is_file():
+        raise CheckpointError(
+            f"{path}: no tokenizer_config.json or tokenizer.json (not a tokenizer directory)"
+        )
+    if config.is_file():
+        _refuse_remote_code(config, "tokenizer")
 
 
 def check_adapter_dir(path: Path) -> None:

@@ -23,6 +23,7 @@ from pytest_memeval.model.checks import (
     check_adapter_dir,
     check_adapter_fits,
     check_model_dir,
+    check_tokenizer_dir,
 )
 
 __all__ = ["LoadedModel", "load_model"]
@@ -53,6 +54,7 @@ def load_model(
     model_dir: Path,
     adapter_dir: Path | None,
     *,
+    tokenizer_dir: Path | None = None,
     dtype: str = "float32",
     attn_implementation: str = "eager",
     device: str = "cpu",
@@ -63,11 +65,14 @@ def load_model(
     ``device_map`` (or ``device="auto"``, which means ``device_map="auto"``) spreads the model
     over several devices as accelerate does (a model larger than one GPU; the worker of
     ``--memeval-gpus-per-worker K`` sees exactly its K GPUs); inputs then go to the device of
-    the input embeddings.
+    the input embeddings. The tokenizer and its chat template load from ``tokenizer_dir``
+    (a profile's ``tokenizer`` key), else from ``model_dir``.
     """
     if device == "auto" and device_map is None:
         device_map = "auto"
     check_model_dir(model_dir)
+    if tokenizer_dir is not None:
+        check_tokenizer_dir(tokenizer_dir)
     if adapter_dir is not None:
         check_adapter_dir(adapter_dir)
         check_adapter_fits(model_dir, adapter_dir)  # headers only: before any weight loads
@@ -82,11 +87,12 @@ def load_model(
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise CheckpointError(f"unknown dtype {dtype!r} (use float32, bfloat16 or float16)")
+    tokenizer_source = tokenizer_dir or model_dir
     tokenizer = AutoTokenizer.from_pretrained(
-        str(model_dir), trust_remote_code=False, local_files_only=True
+        str(tokenizer_source), trust_remote_code=False, local_files_only=True
     )
     if getattr(tokenizer, "chat_template", None) is None:
-        raise CheckpointError(f"{model_dir}: the tokenizer has no chat template")
+        raise CheckpointError(f"{tokenizer_source}: the tokenizer has no chat template")
     model: Any = AutoModelForCausalLM.from_pretrained(
         str(model_dir),
         dtype=torch_dtype,

@@ -99,12 +99,13 @@ class PreflightResult:
         return shown_list(f"{o.scenario_id!r} ({o.tokens} tokens)" for o in self.overlong)
 
 
-def load_tokenizer(model_dir: Path) -> Any:
-    """The model directory's tokenizer, as the worker loads it (no remote code, local only)."""
+def load_tokenizer(directory: Path) -> Any:
+    """The tokenizer of a model (or tokenizer) directory, as the worker loads it (no remote
+    code, local only)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(
-        str(model_dir), trust_remote_code=False, local_files_only=True
+        str(directory), trust_remote_code=False, local_files_only=True
     )
 
 
@@ -214,16 +215,19 @@ def preflight(
     max_new_tokens: int,
     allow_overlong: bool,
     tokenizer: Any = None,
+    tokenizer_dir: Path | None = None,
 ) -> PreflightResult:
     """Check ``scenarios`` against the model's chat template and context length.
 
-    Raises :class:`PreflightError` (one message) on template errors, and on over-long
-    scenarios unless ``allow_overlong``; otherwise returns what it found.
+    The tokenizer is ``tokenizer`` if given, else loaded from ``tokenizer_dir`` (a profile's
+    ``tokenizer`` key) or ``model_dir``. Raises :class:`PreflightError` (one message) on
+    template errors, and on over-long scenarios unless ``allow_overlong``; otherwise returns
+    what it found.
     """
     tok = tokenizer
     if tok is None:
         try:
-            tok = load_tokenizer(model_dir)
+            tok = load_tokenizer(tokenizer_dir or model_dir)
         except (OSError, ValueError, KeyError):
             # Not this check's to report: the worker's checkpoint load fails on the same
             # directory with its own message (model.load_model).
@@ -232,7 +236,7 @@ def preflight(
         return PreflightResult(None)  # the worker's load_model says so, with its own message
     errors, lengths = scan_scenarios(tok, scenarios, max_new_tokens)
     if errors:
-        raise PreflightError(_template_message(model_dir, scenarios, errors))
+        raise PreflightError(_template_message(tokenizer_dir or model_dir, scenarios, errors))
     limit = context_limit(model_dir, tok)
     result = PreflightResult(limit)
     if limit is not None:

