@@ -40,7 +40,7 @@ from ..families import (
     edit_json,
     family_records,
 )
-from ..plainloop import plain_loop, record_outputs, rollout_outputs
+from ..plainloop import plain_free_running, plain_loop, record_outputs, rollout_outputs
 
 # Slow: every test loads or trains tiny checkpoints of other model families.
 pytestmark = pytest.mark.slow
@@ -177,32 +177,6 @@ def test_16bit_fast_equals_reference(family: str, built: Built, dtype: str) -> N
 
 
 # --------------------------------------------------------------------------- free-running
-def plain_free_running(model: Any, tok: Any, messages: Sequence[dict[str, str]]) -> list[str]:
-    """The loop a user writes for ``--memeval-history model``: greedy ``generate`` per
-    assistant message on the chat template's rendering of the history so far, each answer
-    fed back stripped of surrounding whitespace."""
-    import torch
-
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos) if isinstance(eos, list) else {eos}
-    history = [dict(m) for m in messages]
-    said = []
-    for k, message in enumerate(history):
-        if message["role"] != "assistant":
-            continue
-        enc = tok.apply_chat_template(
-            history[:k], add_generation_prompt=True, return_dict=True, return_tensors="pt"
-        )
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=MAX_NEW, do_sample=False)
-        new = out[0, enc["input_ids"].shape[1] :].tolist()
-        if new and new[-1] in eos_ids:
-            new = new[:-1]
-        said.append(tok.decode(new, skip_special_tokens=True).strip())
-        history[k] = {"role": "assistant", "content": said[-1]}
-    return said
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_free_running_fast_equals_reference_and_the_plain_loop(
     family: str, built: Built, dtype: str
@@ -229,8 +203,8 @@ def test_free_running_fast_equals_reference_and_the_plain_loop(
                 break  # the prompts differ from here on
     if dtype == "float32":
         model, tok = load_plain(built.model(family))
-        expected = [plain_free_running(model, tok, s.messages) for s in scenarios]
-        assert [[o.text for o in r.outputs] for r in free] == expected
+        expected = [plain_free_running(model, tok, s.messages, MAX_NEW) for s in scenarios]
+        assert [rollout_outputs(r) for r in free] == expected
 
 
 # --------------------------------------------------------------------------- BOS

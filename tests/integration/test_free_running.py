@@ -22,6 +22,7 @@ from pytest_memeval.decode import FAST_FREE_RUNNING_NOTE
 from pytest_memeval.tools.cli import main
 
 from ..conftest import MemevalProject, demo_records
+from ..plainloop import plain_free_running, record_outputs
 from ..runfactory import (
     content,
     make_record,
@@ -298,32 +299,9 @@ def _check_against_a_plain_loop(bench: Path, records: list[dict[str, Any]]) -> N
     from ..conftest import ADAPTERS, BASE_MODEL
 
     tokenizer = AutoTokenizer.from_pretrained(BASE_MODEL)
-    model = AutoModelForCausalLM.from_pretrained(BASE_MODEL, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(BASE_MODEL, dtype=torch.float32)
     model = PeftModel.from_pretrained(model, ADAPTERS / "oracle").eval()
-    stop = model.generation_config.eos_token_id
     scenarios = [json.loads(line) for line in bench.read_text("utf-8").splitlines()]
     for scenario, record in zip(scenarios, records, strict=True):
-        messages = [dict(m) for m in scenario["messages"]]
-        said = []
-        for k, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            text = tokenizer.apply_chat_template(
-                messages[:k], tokenize=False, add_generation_prompt=True
-            )
-            ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
-            with torch.inference_mode():
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=16,
-                    do_sample=False,
-                    eos_token_id=stop,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
-            new = out[0, ids.shape[1] :].tolist()
-            stops = stop if isinstance(stop, list) else [stop]
-            cut = next((i for i, t in enumerate(new) if t in stops), len(new))
-            said.append(tokenizer.decode(new[:cut], skip_special_tokens=True).strip())
-            messages[k] = {"role": "assistant", "content": said[-1]}
-        assert [t["pred"] for t in record["turns"]] + [record["final_pred"]] == said, record["id"]
+        expected = plain_free_running(model, tokenizer, scenario["messages"], 16)
+        assert record_outputs(record) == expected, record["id"]
