@@ -35,15 +35,19 @@ def pytest_memeval_build_benchmark(
 
 @pytest.hookspec(firstresult=True)
 def pytest_memeval_make_decoder(
-    config: pytest.Config, profile: Profile, path: str, device: str
+    config: pytest.Config, profile: Profile, path: str, device: str, history: str
 ) -> Decoder | None:
     """Create the decoder for this worker (return ``None`` to let the next one decide).
 
-    Called once per worker, lazily, when the first eval item needs a rollout. The default
-    implementation loads the profile's model and adapter and returns the ``path`` decoder
-    (``fast`` or ``reference``); a replay profile gets the replay decoder. Load the model from
-    ``profile.model_dir`` (a GGUF ``model``'s safetensors conversion, or the model directory)
-    and the tokenizer from ``profile.tokenizer_dir``.
+    Called once per worker, before the first eval item runs. The default implementation
+    loads the profile's model and adapter and returns the ``path`` decoder (``fast`` or
+    ``reference``) for ``history`` (``truth``: teacher-forced; ``model``: free-running, each
+    turn's prompt holding the decoder's own earlier outputs); a replay profile gets the
+    replay decoder. Load the model from ``profile.model_dir`` (a GGUF ``model``'s
+    safetensors conversion, or the model directory) and the tokenizer from
+    ``profile.tokenizer_dir``. Each rollout says its history (``Rollout.history``); a
+    rollout of another history than the run's stops the scenario with an error naming both,
+    so a decoder that knows only teacher-forcing cannot pass for a free-running one.
     """
 
 

@@ -18,6 +18,7 @@ import pytest
 from pytest_memeval import hookspecs
 from pytest_memeval.core.benchmark import BenchmarkError
 from pytest_memeval.core.builders import build_bundled
+from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_history
 from pytest_memeval.core.ids import param_id
 from pytest_memeval.core.profiles import Profile, ProfileError, describe_overrides
 from pytest_memeval.core.sharding import describe_shard
@@ -101,6 +102,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="decode path: 'fast' (one teacher-forced pass per scenario, generate only where "
         "needed) or 'reference' (greedy generate per turn). Default: memeval_decode ini.",
+    )
+    group.addoption(
+        "--memeval-history",
+        dest="memeval_history",
+        choices=HISTORIES,
+        default=None,
+        help="what each turn's prompt holds as the earlier assistant messages: 'truth' (the "
+        "benchmark's, teacher-forced) or 'model' (the model's own earlier predictions, "
+        "free-running; the run goes to runs/<ckpt>@history-model). Default: memeval_history "
+        "ini (truth).",
     )
     group.addoption(
         "--memeval-resume",
@@ -211,6 +222,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("memeval_decode", "default decode path (fast or reference)", default="fast")
     parser.addini(
+        "memeval_history",
+        "default history of the prompts: truth (teacher-forced) or model (free-running)",
+        default="truth",
+    )
+    parser.addini(
         "memeval_allow_overlong",
         "evaluate (and flag) scenarios longer than the model's context instead of refusing",
         type="bool",
@@ -268,7 +284,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     lines = [note] if note else []
     lines.append(
         f"memeval: ckpt {p.name} ({p.kind}), {len(state.scope_ids)} scenarios from "
-        f"{p.benchmark.describe()}, decode {state.decode_path}"
+        f"{p.benchmark.describe()}, decode {state.decode_path}, history "
+        f"{describe_history(state.history)}"
     )
     if p.kind == "model":
         tokenizer = f", tokenizer {p.tokenizer}" if p.tokenizer else ""
@@ -319,12 +336,18 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.extra_keyword_matches.add(sid)
 
 
-def default_decoder(config: pytest.Config, profile: Profile, path: str, device: str) -> Decoder:
+def default_decoder(
+    config: pytest.Config,
+    profile: Profile,
+    path: str,
+    device: str,
+    history: str = HISTORY_TRUTH,
+) -> Decoder:
     """Load the profile's checkpoint and build its decoder (the default make_decoder)."""
     if profile.kind == "replay":
         source = config.stash[STATE_KEY].replay_source
         assert source is not None  # build_state loads it for every replay profile
-        return ReplayDecoder(source)
+        return ReplayDecoder(source, history)
     settings = profile.generation
     loaded = load_model(
         profile.model_dir,
@@ -334,14 +357,14 @@ def default_decoder(config: pytest.Config, profile: Profile, path: str, device: 
         attn_implementation=settings.attn_implementation,
         device=device,
     )
-    return make_model_decoder(path, loaded, settings.max_new_tokens)
+    return make_model_decoder(path, loaded, settings.max_new_tokens, history)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_memeval_make_decoder(
-    config: pytest.Config, profile: Profile, path: str, device: str
+    config: pytest.Config, profile: Profile, path: str, device: str, history: str
 ) -> Decoder | None:
-    return default_decoder(config, profile, path, device)
+    return default_decoder(config, profile, path, device, history)
 
 
 __all__ = ["memeval_decoder", "memeval_record", "memeval_scenario"]

@@ -45,6 +45,34 @@ def plain_loop(
     return outputs
 
 
+def plain_free_running(
+    model: Any, tok: Any, messages: Sequence[Mapping[str, str]], max_new_tokens: int
+) -> Outputs:
+    """:func:`plain_loop` free-running (``--memeval-history model``): each assistant
+    message's prompt holds the loop's own earlier answers, each fed back with surrounding
+    whitespace stripped (what a chat client sends back), and the answers are given so."""
+    import torch
+
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    history = [dict(m) for m in messages]
+    outputs: Outputs = []
+    for k, message in enumerate(history):
+        if message["role"] != "assistant":
+            continue
+        enc = tok.apply_chat_template(
+            history[:k], add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        stopped = bool(new) and new[-1] in eos_ids
+        text = tok.decode(new[:-1] if stopped else new, skip_special_tokens=True).strip()
+        outputs.append((text, stopped))
+        history[k] = {"role": "assistant", "content": text}
+    return outputs
+
+
 def rollout_outputs(rollout: Any) -> Outputs:
     return [(o.text, o.stopped) for o in rollout.outputs]
 

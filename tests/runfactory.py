@@ -17,6 +17,7 @@ from typing import Any
 
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION, Tally
 from pytest_memeval.core.rundir import sha256_file
+from pytest_memeval.core.scoring import departure
 from pytest_memeval.core.sharding import shard_scope, shard_slice
 
 from .conftest import MemevalProject, demo_records, write_jsonl
@@ -109,6 +110,13 @@ def make_record(
     }
 
 
+def with_history(record: dict[str, Any], history: str) -> dict[str, Any]:
+    """``record`` as a run of ``history`` writes it: ``history``, ``left_truth_at`` and
+    ``still_right_after`` (computed from its turns as ``scoring.score`` does)."""
+    at, after = departure(record["turns"], aligned=record["aligned"])
+    return {**record, "history": history, "left_truth_at": at, "still_right_after": after}
+
+
 def write_run(
     run_dir: Path,
     records: Sequence[dict[str, Any]],
@@ -116,10 +124,15 @@ def write_run(
     ckpt: str,
     benchmark: str = "sha256:bench",
     missing: Sequence[str] = (),
+    history: str | None = None,
+    fingerprints: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``predictions.jsonl`` and a consistent ``metrics.json`` under ``run_dir``."""
+    """Write ``predictions.jsonl`` and a consistent ``metrics.json`` under ``run_dir``
+    (``history``: the metrics' ``history`` field; absent by default, as in older runs)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tally = Tally().extend(records)
+    counts: dict[str, Any] = dict(tally.counts())
+    counts.pop("histories")  # checked by the recount, no field of metrics.json
     (run_dir / "predictions.jsonl").write_text(
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), "utf-8"
     )
@@ -128,7 +141,8 @@ def write_run(
         "ckpt": ckpt,
         "kind": "replay",
         "complete": not missing,
-        **tally.counts(),
+        **counts,
+        **({"history": history} if history is not None else {}),
         "scope": {
             "benchmark_total": len(records) + len(missing),
             "in_scope": len(records) + len(missing),
@@ -142,7 +156,8 @@ def write_run(
         "m2_by_position": {
             str(k): {"correct": v[0], "total": v[1]} for k, v in sorted(tally.by_position.items())
         },
-        "fingerprints": {"benchmark": benchmark, "model": None, "adapter": None, "decoding": None},
+        "fingerprints": fingerprints
+        or {"benchmark": benchmark, "model": None, "adapter": None, "decoding": None},
         "decoding": {"path": "replay"},
     }
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), "utf-8")
@@ -301,9 +316,11 @@ def write_shard(
     fingerprints: dict[str, str] = FINGERPRINTS,
     overlong: tuple[str, ...] = (),
     overrides: dict[str, Any] | None = None,
+    history: str = "truth",
 ) -> Path:
     """A finished shard run of ``k``/``n`` as the controller writes it (scenarios in
-    ``overlong`` evaluated past the model's context, as --memeval-allow-overlong flags them)."""
+    ``overlong`` evaluated past the model's context, as --memeval-allow-overlong flags them;
+    ``history`` the prompts' history, which its records and metrics say)."""
     start = all_ids.index(shard_slice(all_ids, k, n)[0])
     records = [
         make_record(
@@ -311,6 +328,7 @@ def write_shard(
         )
         for i, sid in enumerate(shard_slice(all_ids, k, n))
     ]
+    records = [with_history(record, history) for record in records]
     for record in records:
         if record["id"] in overlong:
             record["overlong"] = {"tokens": 900, "limit": 512}
@@ -318,12 +336,15 @@ def write_shard(
     predictions = run_dir / "predictions.jsonl"
     predictions.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
     tally = Tally().extend(records)
+    counts: dict[str, Any] = dict(tally.counts())
+    counts.pop("histories")  # checked by the recount, no field of metrics.json
     metrics = {
         "schema_version": METRICS_SCHEMA_VERSION,
         "ckpt": "demo",
         "kind": "model",
         "complete": False,
-        **tally.counts(),
+        **counts,
+        "history": history,
         "scope": {
             "benchmark_total": len(all_ids),
             "in_scope": len(records),

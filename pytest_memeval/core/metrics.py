@@ -12,10 +12,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from pytest_memeval.core.history import HISTORY_TRUTH, history_of
 from pytest_memeval.core.records import (
     SCHEMA_VERSION,
     Counts,
     Fingerprints,
+    LeftTruth,
     Metrics,
     RateBlock,
     Record,
@@ -114,6 +116,13 @@ class Tally:
     m2_clusters: ClusterSums = field(default_factory=ClusterSums)
     #: per tag (at most MAX_DISTINCT_TAGS of them): the slices of metrics.json
     slices: dict[str, SliceTally] = field(default_factory=dict)
+    #: records per history (one history, unless something mixed them)
+    histories: dict[str, int] = field(default_factory=dict)
+    #: ``left_truth`` of metrics.json: first departures by turn, scenarios that never left
+    #: the truth, and the turns after a departure (right, total) of aligned scenarios
+    left_at: dict[int, int] = field(default_factory=dict)
+    never_left: int = 0
+    after_departure: list[int] = field(default_factory=lambda: [0, 0])
 
     def add(self, record: Record) -> None:
         self.n += 1
@@ -135,6 +144,9 @@ class Tally:
                 slot[1] += 1
         self.m2_total += scored
         self.m2_correct += right
+        history = history_of(record)
+        self.histories[history] = self.histories.get(history, 0) + 1
+        self._add_departure(record)
         if scored:
             self.m2_clusters = self.m2_clusters.add(right, scored)
         for tag in record.get("tags", ()):
@@ -145,6 +157,31 @@ class Tally:
             if scored:
                 part.m2_correct += right
                 part.m2_clusters = part.m2_clusters.add(right, scored)
+
+    def _add_departure(self, record: Record) -> None:
+        """The record's ``left_truth_at`` / ``still_right_after`` (older records lack them)."""
+        if "left_truth_at" not in record:
+            return
+        at = record["left_truth_at"]
+        if at is None:
+            self.never_left += 1
+            return
+        self.left_at[at] = self.left_at.get(at, 0) + 1
+        after = record.get("still_right_after")
+        if after is not None:
+            self.after_departure[0] += after
+            self.after_departure[1] += record["n_turns"] - at - 1
+
+    def left_truth(self) -> LeftTruth:
+        """``left_truth`` of metrics.json (docs/results-schema.md)."""
+        return {
+            "at": {str(k): v for k, v in sorted(self.left_at.items())},
+            "never": self.never_left,
+            "still_right": {
+                "correct": self.after_departure[0],
+                "total": self.after_departure[1],
+            },
+        }
 
     def extend(self, records: Iterable[Record]) -> Tally:
         for record in records:
@@ -172,6 +209,8 @@ class Tally:
             "stop_flags": stop_flags_kind(self.no_stop_flags, self.n),
             "overlong": self.overlong,
             "slices": {tag: self.slices[tag].block() for tag in slice_order(self.slices)},
+            "left_truth": self.left_truth(),
+            "histories": dict(sorted(self.histories.items())),
         }
 
 
@@ -191,6 +230,7 @@ def metrics_document(
     timing: Mapping[str, object],
     merged_from: Sequence[Mapping[str, object]] | None = None,
     overrides: Mapping[str, object] | None = None,
+    history: str = HISTORY_TRUTH,
 ) -> Metrics:
     """The ``metrics.json`` of a run (docs/results-schema.md), from its tally and context.
 
@@ -213,6 +253,9 @@ def metrics_document(
         "stop_flags": counts["stop_flags"],
         "overlong": counts["overlong"],
         "slices": counts["slices"],
+        # The run's history (the records say the same: the recount checks it).
+        "history": history,
+        "left_truth": counts["left_truth"],
         "scope": dict(scope),
         "missing": missing,
         "not_selected": not_selected,

@@ -38,6 +38,7 @@ from typing import (
 )
 
 from pytest_memeval.core.formatting import shorten
+from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY
 from pytest_memeval.core.tags import check_tags, meta_problem, tag_problem
 
@@ -45,6 +46,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Counts",
     "Fingerprints",
+    "LeftTruth",
     "Metrics",
     "Overlong",
     "ParseFailCounts",
@@ -108,6 +110,9 @@ class Rollout:
     #: (0, 0: not decoded by a batched pass, e.g. the reference path)
     batch: int = 0
     batch_size: int = 0
+    #: what the prompts held as earlier assistant messages: ``truth`` (teacher-forced) or
+    #: ``model`` (free-running: the earlier outputs, each as ``history.fed_back`` makes it)
+    history: str = HISTORY_TRUTH
 
 
 # -- the per-scenario record (predictions.jsonl) -----------------------------------------------
@@ -156,8 +161,13 @@ class Record(_RecordFields, total=False):
     """One line of ``predictions.jsonl``: what :func:`~pytest_memeval.core.scoring.score`
     builds, plus the context the runtime adds (``worker``, ``device``, ``decode_s``, the
     batch fields) and the optional ``notes`` and ``overlong``; ``tags`` and ``meta`` where
-    the benchmark gives them (:mod:`pytest_memeval.core.tags`)."""
+    the benchmark gives them (:mod:`pytest_memeval.core.tags`). ``history``,
+    ``left_truth_at`` and ``still_right_after`` are in every record written since
+    free-running runs exist (older records lack them: teacher-forced, facts unknown)."""
 
+    history: str
+    left_truth_at: int | None
+    still_right_after: int | None
     tags: list[str]
     meta: dict[str, object]
     worker: str
@@ -215,6 +225,20 @@ class PositionCounts(TypedDict):
     total: int
 
 
+class LeftTruth(TypedDict):
+    """``left_truth`` of metrics.json: where the scenarios first left the truth.
+
+    ``at``: turn index -> scenarios whose first turn that is not the true message is that
+    one (``left_truth_at``); ``never``: scenarios that reproduced every turn; ``still_right``:
+    over the aligned scenarios that left it, the turns after that first departure and how
+    many of them were right (``still_right_after``). Counted over the records that carry
+    the facts (every record of a run written since they exist)."""
+
+    at: dict[str, int]
+    never: int
+    still_right: PositionCounts
+
+
 class Fingerprints(TypedDict, total=False):
     """``fingerprints`` of metrics.json (``sha256:`` hashes; null where there is nothing)."""
 
@@ -238,11 +262,15 @@ class Counts(_CountFields, total=False):
     """The count fields of ``metrics.json``: what the aggregate
     (:meth:`pytest_memeval.core.metrics.Tally.counts`) and the recount
     (:func:`pytest_memeval.core.recount.recount_file`) compute and must agree on.
-    ``stop_flags``, ``overlong`` and ``slices`` came later: older metrics lack them."""
+    ``stop_flags``, ``overlong``, ``slices`` and ``left_truth`` came later: older metrics
+    lack them. ``histories`` (records per history) is no field of metrics.json: it is
+    checked against the one ``history`` the metrics claim."""
 
     stop_flags: str
     overlong: int
     slices: dict[str, SliceBlock]
+    left_truth: LeftTruth
+    histories: dict[str, int]
 
 
 class _MetricsFields(_CountFields):
@@ -281,6 +309,8 @@ class Metrics(_MetricsFields, total=False):
     stop_flags: str
     overlong: int
     slices: dict[str, SliceBlock]
+    history: str
+    left_truth: LeftTruth
     m2_by_position: dict[str, PositionCounts]
     generated_turns: int
     fingerprints: Fingerprints
@@ -432,6 +462,8 @@ _COUNTS_REQUIRED = _fields_of(_CountFields, required=True)
 _METRICS_REQUIRED = _fields_of(Metrics, required=True, skip=_CountFields.__required_keys__)
 _METRICS_OPTIONAL = _fields_of(Metrics, required=False)
 _SLICE = _fields_of(SliceBlock, required=True)
+_LEFT_TRUTH = _fields_of(LeftTruth, required=True)
+_COUNT_PAIR = _fields_of(PositionCounts, required=True)
 _SHARD_SCOPE = _fields_of(ShardScope, required=True)
 
 
@@ -586,7 +618,49 @@ def validate_record(obj: object, where: str) -> Record:
         )
     for i, value in enumerate(turns):
         _check_turn(check, check.obj(value, f"turns[{i}]"), i, aligned=aligned)
+    _check_history_facts(check, record, aligned=aligned)
     return cast(Record, record)
+
+
+def _check_history_facts(check: _Checker, record: dict[str, object], *, aligned: bool) -> None:
+    """``history`` one of :data:`~.history.HISTORIES`; ``left_truth_at`` and
+    ``still_right_after`` given together, in range, and ``still_right_after`` null exactly
+    where there is nothing to count (never left the truth, or unaligned). Whether they agree
+    with the turns is the recount's check (:mod:`.recount`)."""
+    if "history" in record and record["history"] not in HISTORIES:
+        raise check.fail(
+            "history",
+            f"field 'history' must be one of {', '.join(HISTORIES)}, got "
+            f"{_shown(record['history'])}",
+        )
+    given = [key for key in ("left_truth_at", "still_right_after") if key in record]
+    if len(given) == 1:
+        other = "still_right_after" if given[0] == "left_truth_at" else "left_truth_at"
+        raise check.fail(other, f"missing field {other!r} (given with {given[0]!r})")
+    if not given:
+        return
+    at, after, n = record["left_truth_at"], record["still_right_after"], record["n_turns"]
+    assert isinstance(n, int)
+    if at is not None and not 0 <= cast(int, at) < n:
+        raise check.fail(
+            "left_truth_at",
+            f"field 'left_truth_at' is {at}, but the record has {n} turn(s) (a turn index, or "
+            "null when the model never left the truth)",
+        )
+    if (after is None) != (at is None or not aligned):
+        state = "null" if after is None else "given"
+        raise check.fail(
+            "still_right_after",
+            f"field 'still_right_after' is {state}, but 'left_truth_at' is {_shown(at)} and "
+            f"'aligned' {str(aligned).lower()} (a count exactly where an aligned scenario "
+            "left the truth)",
+        )
+    if after is not None and not 0 <= cast(int, after) <= n - cast(int, at) - 1:
+        raise check.fail(
+            "still_right_after",
+            f"field 'still_right_after' is {after}, but only {n - cast(int, at) - 1} turn(s) "
+            "follow 'left_truth_at'",
+        )
 
 
 def _check_turn(check: _Checker, turn: dict[str, object], i: int, *, aligned: bool) -> None:
@@ -668,6 +742,13 @@ def validate_metrics(obj: object, where: str, *, counts_only: bool = False) -> M
     for ids in ("missing", "not_selected"):
         if ids in doc:
             check.strings(doc[ids], ids)
+    if "history" in doc and doc["history"] not in HISTORIES:
+        raise check.fail(
+            "history",
+            f"field 'history' must be one of {', '.join(HISTORIES)}, got {_shown(doc['history'])}",
+        )
+    if "left_truth" in doc:
+        _check_left_truth(check, doc["left_truth"])
     if "stop_flags" in doc and doc["stop_flags"] not in STOP_FLAGS:
         raise check.fail(
             "stop_flags",
@@ -685,6 +766,24 @@ def _check_rates(check: _Checker, value: object, name: str) -> None:
     rates = check.obj(value, name)
     check.fields(rates, _RATE_REQUIRED, prefix=f"{name}.")
     check.fields(rates, _RATE_OPTIONAL, prefix=f"{name}.", required=False)
+
+
+def _check_left_truth(check: _Checker, value: object) -> None:
+    """``left_truth``: ``at`` (turn index -> count), ``never`` and ``still_right``."""
+    block = check.obj(value, "left_truth")
+    check.fields(block, _LEFT_TRUTH, prefix="left_truth.")
+    for key, count in cast("dict[str, object]", block["at"]).items():
+        if not key.isdigit() or not _is(count, "int"):
+            raise check.fail(
+                "left_truth.at",
+                f"field 'left_truth.at' maps turn indices to counts, got {_shown(key)}: "
+                f"{_shown(count)}",
+            )
+    check.fields(
+        check.obj(block["still_right"], "left_truth.still_right"),
+        _COUNT_PAIR,
+        prefix="left_truth.still_right.",
+    )
 
 
 def _check_slices(check: _Checker, slices: dict[str, object]) -> None:

@@ -70,6 +70,10 @@ def _recount(records: Iterable[Record]) -> tuple[Counts, dict[str, dict[str, int
     n = final_ok = turn_ok = turn_scored = unaligned = pf_final = pf_turns = 0
     with_flags = without_flags = overlong = 0
     per_scenario: list[tuple[int, int]] = []  # (right, scored) of each aligned scenario
+    histories: dict[str, int] = {}
+    # left_truth, from the turns themselves: first departure -> scenarios; never; after
+    left_at: dict[int, int] = {}
+    never_left = after_right = after_total = 0
     # Per tag (a slice), one _Outcome per record that carries it: recounted below.
     by_tag: dict[str, list[_Outcome]] = {}
     for rec in records:
@@ -99,6 +103,17 @@ def _recount(records: Iterable[Record]) -> tuple[Counts, dict[str, dict[str, int
                     slot["correct"] += 1
         turn_scored += here_scored
         turn_ok += here_ok
+        history = rec.get("history", "truth")
+        histories[history] = histories.get(history, 0) + 1
+        if "left_truth_at" in rec:
+            at, after = _departure(rec)
+            if at is None:
+                never_left += 1
+            else:
+                left_at[at] = left_at.get(at, 0) + 1
+                if after is not None:
+                    after_right += after
+                    after_total += rec["n_turns"] - at - 1
         per_scenario.append((here_ok, here_scored))
         outcome = _Outcome(rec["final_match"] is True, rec["aligned"] is True, here_ok, here_scored)
         for tag in rec.get("tags", []):
@@ -114,8 +129,39 @@ def _recount(records: Iterable[Record]) -> tuple[Counts, dict[str, dict[str, int
         "stop_flags": _stop_flags(with_flags, without_flags),
         "overlong": overlong,
         "slices": {tag: _recount_slice(by_tag[tag]) for tag in slice_order(by_tag)},
+        "left_truth": {
+            "at": {str(at): left_at[at] for at in sorted(left_at)},
+            "never": never_left,
+            "still_right": {"correct": after_right, "total": after_total},
+        },
     }
+    counts["histories"] = dict(sorted(histories.items()))
     return counts, dict(sorted(positions.items(), key=lambda kv: int(kv[0])))
+
+
+def _departure(rec: Record) -> tuple[int | None, int | None]:
+    """The record's ``left_truth_at`` and ``still_right_after`` recomputed from its turns
+    (a prediction stripped of surrounding whitespace against the true message, byte for
+    byte; right turns after it, aligned scenarios only); a :class:`RecountError` naming the
+    scenario when the record says otherwise."""
+    at: int | None = None
+    after: int | None = None
+    for i, turn in enumerate(rec["turns"]):
+        if turn["pred"].strip() != turn["target"]:
+            at = i
+            if rec["aligned"] is True:
+                after = 0
+                for later in rec["turns"][i + 1 :]:
+                    if later["match"] is True:
+                        after += 1
+            break
+    stored = (rec["left_truth_at"], rec.get("still_right_after"))
+    if stored != (at, after):
+        raise RecountError(
+            f"scenario {rec['id']!r}: the record says left_truth_at {stored[0]}, "
+            f"still_right_after {stored[1]}; its turns give {at}, {after}"
+        )
+    return at, after
 
 
 def _rate_blocks(
@@ -203,7 +249,32 @@ def compare_counts(claimed: Mapping[str, object], recounted: Counts) -> list[str
     # Metrics written before slices existed lack the block: nothing claimed, nothing checked.
     if "slices" in claimed:
         problems += _slice_problems(claimed["slices"], recounted.get("slices", {}))
+    # Likewise left_truth (free-running runs came later); history reads "truth" when absent.
+    if "left_truth" in claimed and claimed["left_truth"] != recounted.get("left_truth"):
+        problems.append(
+            f"left_truth: metrics say {claimed['left_truth']!r}, "
+            f"recount gives {recounted.get('left_truth')!r}"
+        )
+    problems += _history_problems(claimed, recounted)
     return problems
+
+
+def _history_problems(claimed: Mapping[str, object], recounted: Counts) -> list[str]:
+    """The records' history against the one the metrics claim (no records: nothing to check).
+
+    A predictions file that mixes teacher-forced and free-running records is one run's
+    numbers over two different questions: refused, saying how many of each."""
+    theirs = recounted.get("histories") or {}
+    mine = claimed.get("history", "truth")
+    if not theirs or list(theirs) == [mine]:
+        return []
+    if len(theirs) > 1:
+        shown = ", ".join(f"{n} with history {h}" for h, n in theirs.items())
+        return [
+            f"history: the records mix teacher-forced (truth) and free-running (model) "
+            f"prompts ({shown}); a run holds one history"
+        ]
+    return [f"history: metrics say {mine!r}, the records say {next(iter(theirs))!r}"]
 
 
 def _slice_problems(claimed: object, recounted: Mapping[str, SliceBlock]) -> list[str]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
+from pytest_memeval.core.history import HISTORY_TRUTH
 from pytest_memeval.core.metrics import Tally, metrics_document
 from pytest_memeval.core.records import (
     Fingerprints,
@@ -102,6 +103,8 @@ class RunFacts:
     overrides: Mapping[str, object] = field(default_factory=dict)
     timing: Mapping[str, object] = field(default_factory=dict)
     extra: ExtraFields = field(default_factory=ExtraFields)
+    #: ``truth`` (teacher-forced) or ``model`` (free-running); every record must say the same
+    history: str = HISTORY_TRUTH
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,13 @@ def finalize_run(
     predictions = stage / PREDICTIONS
     tally, batches = Tally(), _Batches()
     atomic_write(predictions, _lines(records, tally, batches))
-    disagreements = compare_counts(tally.counts(), recount_file(predictions))
+    try:
+        # The run's own history is what the tally claims: every record must say it too.
+        disagreements = compare_counts(
+            {**tally.counts(), "history": facts.history}, recount_file(predictions)
+        )
+    except RecountError as exc:  # a record whose facts disagree with its turns: a bug
+        disagreements = [str(exc)]
     if disagreements:
         predictions.unlink()
         raise FinalizeError(disagreements)
@@ -192,6 +201,7 @@ def finalize_run(
         },
         merged_from=facts.extra.get("merged_from"),
         overrides=facts.overrides,
+        history=facts.history,
     )
     write_json(stage / METRICS, metrics)
     if finished(metrics) and stage != run_dir:

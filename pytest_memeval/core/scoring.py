@@ -10,10 +10,29 @@ from __future__ import annotations
 from typing import Any, cast
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.history import fed_back
 from pytest_memeval.core.matching import ParseRules, match_output
 from pytest_memeval.core.records import Record, Rollout, Turn
 
-__all__ = ["score"]
+__all__ = ["departure", "score"]
+
+
+def departure(turns: list[Turn], *, aligned: bool) -> tuple[int | None, int | None]:
+    """``(left_truth_at, still_right_after)`` of a record's turns.
+
+    ``left_truth_at``: the first turn whose prediction, as it would be fed back
+    (:func:`~pytest_memeval.core.history.fed_back`), is not the true assistant message
+    (``target``) byte for byte: from there on a free-running prompt differs from the
+    teacher-forced one. ``None`` when the model reproduced every turn. ``still_right_after``:
+    how many of the turns after it were still right (``match`` true); ``None`` when it never
+    left the truth or the scenario is unaligned (its turns are not scored).
+    """
+    for i, turn in enumerate(turns):
+        if fed_back(turn["pred"]) != turn["target"]:
+            if not aligned:
+                return i, None
+            return i, sum(1 for later in turns[i + 1 :] if later["match"] is True)
+    return None, None
 
 
 def score(scenario: Scenario, rollout: Rollout, rules: ParseRules, **context: Any) -> Record:
@@ -70,6 +89,11 @@ def score(scenario: Scenario, rollout: Rollout, rules: ParseRules, **context: An
         "decode": rollout.path,
         "prompt_tail": rollout.prompt_tail,
     }
+    # What the prompts held, and where the model first left the truth (docs/results-schema.md).
+    record["history"] = rollout.history
+    record["left_truth_at"], record["still_right_after"] = departure(
+        turns, aligned=scenario.aligned
+    )
     # The benchmark's evaluation metadata rides along: the slices are counted from the records.
     if scenario.tags:
         record["tags"] = list(scenario.tags)

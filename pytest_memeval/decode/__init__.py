@@ -3,11 +3,14 @@
 ``reference`` generates every turn with ``model.generate`` (the ground truth for exactness);
 ``fast`` scores the teacher-forced conversation in one forward pass and generates only where
 the model would not reproduce the truth; ``replay`` re-reads an earlier run's predictions.
-Heavy modules (torch, transformers) are imported by the decoders themselves, lazily.
+Either model path decodes with the true history (teacher-forced) or the model's own
+(free-running, ``history="model"``). Heavy modules (torch, transformers) are imported by the
+decoders themselves, lazily.
 """
 
 from __future__ import annotations
 
+from pytest_memeval.core.history import HISTORY_TRUTH
 from pytest_memeval.decode._types import Decoder, Rollout, TurnOutput
 from pytest_memeval.decode.fast import FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
@@ -16,8 +19,11 @@ from pytest_memeval.model.loading import LoadedModel
 __all__ = ["Decoder", "Rollout", "TurnOutput", "make_model_decoder"]
 
 
-def make_model_decoder(path: str, loaded: LoadedModel, max_new_tokens: int) -> Decoder:
-    """The decoder for ``path`` (``fast`` or ``reference``) over a loaded checkpoint."""
+def make_model_decoder(
+    path: str, loaded: LoadedModel, max_new_tokens: int, history: str = HISTORY_TRUTH
+) -> Decoder:
+    """The decoder for ``path`` (``fast`` or ``reference``) over a loaded checkpoint, with
+    ``history`` ``truth`` (teacher-forced) or ``model`` (free-running)."""
     if path == "fast":
-        return FastDecoder(loaded, max_new_tokens)
-    return ReferenceDecoder(loaded, max_new_tokens)
+        return FastDecoder(loaded, max_new_tokens, history=history)
+    return ReferenceDecoder(loaded, max_new_tokens, history=history)

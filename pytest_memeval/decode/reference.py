@@ -1,9 +1,12 @@
 """The reference decoder: one greedy ``generate`` call per assistant message.
 
 This is what a careful user of transformers writes, and the ground truth the fast path is
-proven against: each turn's prompt is the teacher-forced history rendered by the chat
-template, decoding is greedy with the checkpoint's stop ids, and the output is decoded without
-special tokens.
+proven against: each turn's prompt is the history rendered by the chat template, decoding is
+greedy with the checkpoint's stop ids, and the output is decoded without special tokens.
+The history is the benchmark's (teacher-forced, ``history="truth"``) or the model's own
+(free-running, ``history="model"``): then the decoder feeds its outputs back turn by turn,
+each as :func:`~pytest_memeval.core.history.fed_back` makes it, and the rollout holds them
+that way (what the record stores is what the later prompts held).
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from typing import TYPE_CHECKING
 
 from pytest_memeval.compat.transformers import generate_with_logits
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH, fed_back, history_name
 from pytest_memeval.decode._types import Rollout, TurnOutput
 from pytest_memeval.model.loading import LoadedModel
-from pytest_memeval.model.prompts import TurnPrompt, turn_prompts
+from pytest_memeval.model.prompts import TurnPrompt, free_running_prompt, turn_prompts
 
 if TYPE_CHECKING:
     import torch
@@ -122,18 +126,70 @@ def reference_rollout(
     return Rollout(outputs, path, prompt_tail(loaded, prompts[-1].ids), notes)
 
 
+def free_running_rollout(
+    loaded: LoadedModel,
+    scenario: Scenario,
+    max_new_tokens: int,
+    path: str,
+    notes: tuple[str, ...] = (),
+    settled: Sequence[TurnOutput] = (),
+) -> Rollout:
+    """One greedy ``generate`` per assistant message, each on the prompt whose earlier
+    assistant messages are this rollout's own outputs so far (free-running): the reference
+    of ``--memeval-history model``. Every output is stored as it was fed back
+    (:func:`~pytest_memeval.core.history.fed_back`), the final answer too.
+
+    ``settled``: the outputs of the first turns, already decoded (free-running, as fed
+    back) by a caller that hands the rest of the scenario over (the fast path)."""
+    texts = [out.text for out in settled]
+    outputs = list(settled)
+    prompt: TurnPrompt | None = None
+    if len(outputs) >= len(scenario.assistant_indices):
+        raise ValueError(f"scenario {scenario.id}: every turn is settled already")
+    for turn in range(len(outputs), len(scenario.assistant_indices)):
+        prompt = free_running_prompt(loaded.tokenizer, scenario, texts, turn)
+        out = generate_from(loaded, prompt.ids, max_new_tokens)
+        texts.append(fed_back(out.text))
+        outputs.append(TurnOutput(texts[-1], out.stopped, out.generated))
+    assert prompt is not None  # a scenario has at least its final assistant message
+    return Rollout(
+        tuple(outputs), path, prompt_tail(loaded, prompt.ids), notes, history=HISTORY_MODEL
+    )
+
+
 class ReferenceDecoder:
-    """Greedy ``generate`` for every assistant message, one call each."""
+    """Greedy ``generate`` for every assistant message, one call each.
+
+    ``history``: ``truth`` (teacher-forced, the default) or ``model`` (free-running:
+    :func:`free_running_rollout`). ``path`` and ``notes`` name a decoder that stands in for
+    another (the fast path's free-running fallback): its records say ``decode: path`` and
+    carry the notes, its outputs are this decoder's.
+    """
 
     path = "reference"
 
-    def __init__(self, loaded: LoadedModel, max_new_tokens: int) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_new_tokens: int,
+        *,
+        history: str = HISTORY_TRUTH,
+        path: str = "reference",
+        notes: tuple[str, ...] = (),
+    ) -> None:
         self.loaded = loaded
         self.max_new_tokens = max_new_tokens
+        self.history = history_name(history, "history")
+        self.path = path
+        self.notes = notes
 
     def rollout(self, scenario: Scenario) -> Rollout:
+        if self.history == HISTORY_MODEL:
+            return free_running_rollout(
+                self.loaded, scenario, self.max_new_tokens, self.path, self.notes
+            )
         prompts = turn_prompts(self.loaded.tokenizer, scenario)
-        return reference_rollout(self.loaded, prompts, self.max_new_tokens, self.path)
+        return reference_rollout(self.loaded, prompts, self.max_new_tokens, self.path, self.notes)
 
     def prefetch(self, scenarios: Sequence[Scenario]) -> None:
         """The reference path decodes one scenario at a time; nothing to prepare."""

@@ -24,6 +24,12 @@ What a line needs:
 
 Other fields (``final_gt``, ``index``, ``final_match``...) are ignored: scoring uses the
 benchmark's ground truth. ``prompt_tail`` is kept when it is a string.
+
+Predictions were made with one history: teacher-forced or free-running (``history`` of the
+lines our runs write, and of the ``metrics.json`` beside them). A replay says which with
+``--memeval-history``, and is refused when the file says otherwise (or mixes both): re-scored
+free-running predictions are a free-running run (``runs/<ckpt>@history-model``), never a
+teacher-forced one. Another harness's file says nothing: the run takes the user's word.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ from pathlib import Path
 
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, Scenario
 from pytest_memeval.core.formatting import shown_ids, shown_list
+from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, history_of, history_words
 from pytest_memeval.core.profiles import Profile
 from pytest_memeval.core.records import (
+    Metrics,
     Prediction,
     RecordError,
     validate_metrics,
@@ -52,6 +60,7 @@ __all__ = [
     "ReplayError",
     "ReplayPrediction",
     "ReplaySource",
+    "check_replay_history",
     "load_replay_source",
     "source_fingerprints",
 ]
@@ -82,11 +91,48 @@ class ReplayPrediction:
 
 @dataclass(frozen=True)
 class ReplaySource:
-    """A predictions file checked against a benchmark: one prediction per scenario in scope."""
+    """A predictions file checked against a benchmark: one prediction per scenario in scope.
+
+    ``history``: the history the predictions were made with, where the file or the
+    ``metrics.json`` beside it says (``None``: another harness's file, which does not);
+    ``history_from`` what said it."""
 
     path: Path
     predictions: Mapping[str, ReplayPrediction]
     stop_flags: str  # STOP_FLAGS_PRESENT or STOP_FLAGS_ABSENT
+    history: str | None = None
+    history_from: str = ""
+
+
+def check_replay_history(source: ReplaySource, history: str) -> None:
+    """Refuse to replay predictions of one history as a run of the other
+    (:class:`ReplayError`, naming the file and both histories)."""
+    if source.history is None or source.history == history:
+        return
+    raise ReplayError(
+        f"cannot replay {source.path}: its predictions were made {history_words(source.history)} "
+        f"(history {source.history}: {source.history_from}), and this run is "
+        f"{history_words(history)} (--memeval-history {history}); re-scoring them under the "
+        f"other history would mix the two. Replay them with --memeval-history {source.history}."
+    )
+
+
+def _metrics_beside(predictions: Path) -> Metrics | None:
+    """The checked ``metrics.json`` beside a predictions file (``None`` when there is none:
+    another harness's file)."""
+    metrics_path = predictions.parent / METRICS
+    if not metrics_path.is_file():
+        return None
+    try:
+        text = metrics_path.read_text(encoding="utf-8")
+        # counts_only: only the fingerprints and the history are read here (typed).
+        return validate_metrics(json.loads(text), str(metrics_path), counts_only=True)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BenchmarkError(
+            f"{metrics_path}: unreadable metrics of the replayed run ({exc})"
+        ) from None
+    except RecordError as exc:  # names the file and the field
+        raise BenchmarkError(f"metrics of the replayed run: {exc}") from None
 
 
 def source_fingerprints(profile: Profile) -> dict[str, str | None]:
@@ -95,19 +141,9 @@ def source_fingerprints(profile: Profile) -> dict[str, str | None]:
     Another harness's file has no ``metrics.json`` beside it: its fingerprints are null.
     """
     assert profile.predictions is not None
-    metrics_path = profile.predictions.parent / METRICS
-    if not metrics_path.is_file():
+    metrics = _metrics_beside(profile.predictions)
+    if metrics is None:
         return dict.fromkeys(("model", "adapter", "decoding"))
-    try:
-        text = metrics_path.read_text(encoding="utf-8")
-        # counts_only: only the fingerprints are read here (typed where present).
-        metrics = validate_metrics(json.loads(text), str(metrics_path), counts_only=True)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BenchmarkError(
-            f"{metrics_path}: unreadable metrics of the replayed run ({exc})"
-        ) from None
-    except RecordError as exc:  # names the file and the field
-        raise BenchmarkError(f"metrics of the replayed run: {exc}") from None
     fps = metrics.get("fingerprints", {})
     return {
         "model": fps.get("model"),
@@ -149,6 +185,7 @@ def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str
     with_flags: tuple[int, str] | None = None
     without_flags: tuple[int, str] | None = None
     unidentified = 0  # lines without a readable id
+    histories: dict[str, int] = {}  # the lines' own ``history`` (our runs write it)
     try:
         with path.open(encoding="utf-8") as fh:
             lines = list(enumerate(fh, start=1))
@@ -193,6 +230,15 @@ def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str
         if prediction is None:
             problems.append(f"{where}: {line_problem}")
             continue
+        line_history = obj.get("history") if isinstance(obj, dict) else None
+        if line_history is not None:
+            if line_history not in HISTORIES:
+                problems.append(
+                    f"{where}: field 'history' must be one of {', '.join(HISTORIES)}, got "
+                    f"{line_history!r}"
+                )
+                continue
+            histories.setdefault(line_history, lineno)
         count_problem = _turn_count_problem(prediction, scenario)
         if count_problem is not None:
             problems.append(f"{where}: {count_problem}")
@@ -223,22 +269,46 @@ def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str
             f"{path}: no line for {len(lacking)} scenario(s) of the benchmark "
             f"({benchmark.source}): {shown_ids(lacking)}"
         )
+    if len(histories) > 1:
+        (h1, l1), (h2, l2) = sorted(histories.items(), key=lambda kv: kv[1])[:2]
+        problems.append(
+            f"{path}:{l2}: field 'history': this line was predicted with history {h2}, line "
+            f"{l1} with history {h1}; a predictions file holds one history (teacher-forced "
+            "and free-running predictions concatenated?)"
+        )
+    history, said_by = _source_history(path, histories)
     if problems:
         raise ReplayError(
             f"cannot replay {path}: {len(problems)} problem(s):\n  "
             + shown_list(problems, sep="\n  ")
         )
     flags_kind = STOP_FLAGS_ABSENT if without_flags is not None else STOP_FLAGS_PRESENT
-    return ReplaySource(path, predictions, flags_kind)
+    return ReplaySource(path, predictions, flags_kind, history, said_by)
+
+
+def _source_history(path: Path, histories: Mapping[str, int]) -> tuple[str | None, str]:
+    """The history the predictions were made with and what says so: the ``metrics.json``
+    beside them (a run of ours), else the lines' own ``history``; ``(None, "")`` when
+    nothing does (another harness's file, or a run of ours older than free-running runs:
+    teacher-forced, which the metrics then say by saying nothing)."""
+    metrics = _metrics_beside(path)
+    if metrics is not None:
+        return history_of(metrics), f"{path.parent / METRICS} says so"
+    if len(histories) == 1:
+        return next(iter(histories)), "its lines say so"
+    return None, ""
 
 
 class ReplayDecoder:
-    """Serves each scenario's stored outputs as its rollout (the file was checked already)."""
+    """Serves each scenario's stored outputs as its rollout (the file was checked already),
+    as predictions of ``history`` (the run's, checked against the file's by
+    :func:`check_replay_history`)."""
 
     path = "replay"
 
-    def __init__(self, source: ReplaySource) -> None:
+    def __init__(self, source: ReplaySource, history: str = HISTORY_TRUTH) -> None:
         self.source = source
+        self.history = history
 
     def rollout(self, scenario: Scenario) -> Rollout:
         pred = self.source.predictions.get(scenario.id)
@@ -253,7 +323,7 @@ class ReplayDecoder:
             TurnOutput(text, flag, generated=False)
             for text, flag in zip(pred.texts, flags, strict=True)
         )
-        return Rollout(outputs, self.path, pred.prompt_tail)
+        return Rollout(outputs, self.path, pred.prompt_tail, history=self.history)
 
     def prefetch(self, scenarios: Sequence[Scenario]) -> None:
         """Everything is in memory already."""

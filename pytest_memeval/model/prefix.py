@@ -42,6 +42,7 @@ prove nothing here and are tokenised in full: see docs/decoding.md.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_memeval.core.benchmark import Scenario
@@ -83,11 +84,15 @@ def _boundaries(conversation: str, encoding: Any, added: dict[int, str]) -> dict
 
 
 def proven_scenario_prompts(
-    tokenizer: Any, scenario: Scenario
+    tokenizer: Any, scenario: Scenario, turns: Sequence[int] | None = None
 ) -> tuple[list[TurnPrompt], list[int], int]:
     """``prompts.scenario_prompts(tokenizer, scenario)`` plus how many prompts' ids were taken
     from the conversation's by the argument of the module docstring (the others are
-    tokenised in full). Same ids as ``scenario_prompts``, by that argument."""
+    tokenised in full). Same ids as ``scenario_prompts``, by that argument.
+
+    ``turns``: only the prompts of the assistant messages with these numbers (0-based, in
+    order), for a caller that needs a few of them (a free-running round); the conversation's
+    ids are whole either way."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     added = None
     if (
@@ -98,11 +103,12 @@ def proven_scenario_prompts(
         and not getattr(backend, "encode_special_tokens", False)
     ):
         added = _plain_added_tokens(backend)
+    numbers = list(range(len(scenario.assistant_indices))) if turns is None else list(turns)
     if backend is None or added is None:
         prompts, full = scenario_prompts(tokenizer, scenario)
-        return prompts, full, 0
+        return [prompts[t] for t in numbers], full, 0
     conversation = render(tokenizer, scenario.messages, add_generation_prompt=False)
-    texts = prompt_texts(tokenizer, scenario, conversation)
+    texts = prompt_texts(tokenizer, scenario, conversation, numbers)
     encoding = backend.encode(conversation, add_special_tokens=False)
     full = [int(i) for i in encoding.ids]
     ends = _boundaries(conversation, encoding, added)
@@ -117,10 +123,11 @@ def proven_scenario_prompts(
     encoded = dict(zip(todo, encode_many(tokenizer, [texts[k] for k in todo]), strict=True))
     if guard is not None and ids[guard] != encoded[guard]:
         prompts, full = scenario_prompts(tokenizer, scenario)
-        return prompts, full, 0
+        return [prompts[t] for t in numbers], full, 0
     proven = len(covered) - 1 if covered else 0
     prompts = []
-    for n, k in enumerate(scenario.assistant_indices):
+    for n, t in enumerate(numbers):
+        k = scenario.assistant_indices[t]
         got = encoded.get(n, ids[n])
         assert got is not None  # every prompt the argument does not cover was encoded
         prompts.append(TurnPrompt(k, tuple(got), scenario.messages[k]["content"]))

@@ -1,12 +1,16 @@
 """Prompts: scenario messages rendered with the tokenizer's chat template, as token ids.
 
-Every assistant message is predicted from the teacher-forced history before it, so the prompt
-of assistant message ``k`` is ``messages[:k]`` rendered with ``add_generation_prompt=True``.
-Both decode paths and the token guards take their ids from here, so they cannot drift apart.
+Teacher-forced (``--memeval-history truth``), every assistant message is predicted from the
+true history before it, so the prompt of assistant message ``k`` is ``messages[:k]`` rendered
+with ``add_generation_prompt=True``. Free-running (``--memeval-history model``), the same
+rendering of the same messages, except that every earlier assistant message holds the model's
+own output for it (:func:`with_history`, :func:`free_running_prompt`). Both decode paths and
+the token guards take their ids from here, so they cannot drift apart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +22,13 @@ __all__ = [
     "TurnPrompt",
     "conversation_ids",
     "encode_many",
+    "free_running_prompt",
+    "history_scenario",
     "prompt_texts",
     "render",
     "scenario_prompts",
     "turn_prompts",
+    "with_history",
 ]
 
 
@@ -110,12 +117,17 @@ class _PrefixRenderer:
         return str(text)
 
 
-def prompt_texts(tokenizer: Any, scenario: Scenario, conversation: str) -> list[str]:
-    """The text of every turn prompt; ``conversation`` is ``apply_chat_template``'s rendering
-    of the whole scenario, the reference the shortcut is checked against."""
-    ks = scenario.assistant_indices
+def prompt_texts(
+    tokenizer: Any, scenario: Scenario, conversation: str, turns: Sequence[int] | None = None
+) -> list[str]:
+    """The text of every turn prompt (or of the assistant messages numbered ``turns``, in
+    that order: a free-running round needs only the next few); ``conversation`` is
+    ``apply_chat_template``'s rendering of the whole scenario, the reference the shortcut is
+    checked against."""
+    every = scenario.assistant_indices
+    ks = every if turns is None else [every[t] for t in turns]
     renderer = _PrefixRenderer(tokenizer)  # cheap: transformers caches the compiled template
-    if renderer.compiled is not None:
+    if renderer.compiled is not None and ks:
         texts = [renderer.render(scenario.messages[:k], True) for k in ks]
         # The check that keeps this exact: the same text as apply_chat_template, here.
         if renderer.render(scenario.messages, False) == conversation and texts[-1] == render(
@@ -141,6 +153,45 @@ def scenario_prompts(tokenizer: Any, scenario: Scenario) -> tuple[list[TurnPromp
 def turn_prompts(tokenizer: Any, scenario: Scenario) -> list[TurnPrompt]:
     """One prompt per assistant message, in order (the last one is the final query's)."""
     return scenario_prompts(tokenizer, scenario)[0]
+
+
+def with_history(
+    scenario: Scenario, outputs: Sequence[str], upto: int | None = None
+) -> list[dict[str, str]]:
+    """The scenario's messages with its first ``len(outputs)`` assistant messages replaced by
+    ``outputs`` (already as they are fed back: ``history.fed_back``), every other message as
+    the benchmark has it; cut before message ``upto`` when given."""
+    messages = [{"role": m["role"], "content": m["content"]} for m in scenario.messages]
+    for k, text in zip(scenario.assistant_indices, outputs, strict=False):
+        messages[k]["content"] = text
+    return messages if upto is None else messages[:upto]
+
+
+def history_scenario(
+    scenario: Scenario, outputs: Sequence[str], through: int | None = None
+) -> Scenario:
+    """``scenario`` with its first ``len(outputs)`` assistant messages replaced by
+    ``outputs`` (:func:`with_history`): the conversation as the model has made it so far,
+    the truth after it, ending with assistant message number ``through`` (0-based; ``None``:
+    the whole conversation). Every free-running prompt of the turns that follow ``outputs``
+    (up to ``through``) is this scenario's teacher-forced prompt of that turn."""
+    upto = None if through is None else scenario.assistant_indices[through] + 1
+    messages = with_history(scenario, outputs, upto)
+    return dataclasses.replace(scenario, messages=tuple(messages))
+
+
+def free_running_prompt(
+    tokenizer: Any, scenario: Scenario, outputs: Sequence[str], turn: int
+) -> TurnPrompt:
+    """The free-running prompt of assistant message number ``turn`` (0-based): the chat
+    template's rendering of the messages before it with ``add_generation_prompt=True``,
+    the earlier assistant messages being ``outputs[:turn]`` (exactly as
+    ``apply_chat_template`` renders a teacher-forced prompt, and the same text as that
+    prompt whenever every earlier output is the truth)."""
+    k = scenario.assistant_indices[turn]
+    messages = with_history(scenario, outputs[:turn], upto=k)
+    ids = _encode(tokenizer, render(tokenizer, messages, add_generation_prompt=True))
+    return TurnPrompt(k, tuple(ids), scenario.messages[k]["content"])
 
 
 def conversation_ids(tokenizer: Any, scenario: Scenario) -> list[int]:

@@ -27,7 +27,18 @@ import pytest
 
 from pytest_memeval.compat.pytest import drop_report_record, report_record
 from pytest_memeval.compat.xdist import is_xdist_controller
-from pytest_memeval.core.formatting import per_second, score_text, shown_ids
+from pytest_memeval.core.formatting import columns, per_second, score_text, shown_ids
+from pytest_memeval.core.free_running import (
+    left_truth_words,
+    position_table,
+    teacher_forced_beside,
+)
+from pytest_memeval.core.history import (
+    HISTORY_MODEL,
+    HISTORY_TRUTH,
+    describe_history,
+    history_of,
+)
 from pytest_memeval.core.profiles import describe_overrides, profile_to_plain
 from pytest_memeval.core.records import Metrics, RateBlock, Record
 from pytest_memeval.core.results import FinalizeError, RunFacts, finalize_run
@@ -252,6 +263,7 @@ class MemevalController:
             wall_s=round(wall, 3),
             # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
             overrides=self.state.overrides,
+            history=self.state.history,
         )
         try:
             # The journal holds the records this controller appended from the workers'
@@ -323,6 +335,9 @@ class MemevalController:
         if not m:
             return
         tr.line(format_summary(m))
+        if history_of(m) == HISTORY_MODEL:
+            for line in free_running_lines(self.run_dir, m):
+                tr.line(line)
         if _show_slices(self.config):
             for line in slice_table(m.get("slices") or {}) or [
                 "slices: none (no scenario of the benchmark has tags)"
@@ -449,10 +464,30 @@ def _with_ci(line: str, block: RateBlock) -> list[str]:
     return [line, " " * 16 + words] if words else [line]
 
 
+def free_running_lines(run_dir: Path, m: Metrics) -> list[str]:
+    """What a free-running run's summary adds: where its scenarios left the truth, and m2 by
+    turn position beside the teacher-forced run of the checkpoint when there is one."""
+    beside = teacher_forced_beside(run_dir, m)
+    lines = []
+    if "left_truth" in m:
+        lines.append(left_truth_words(m["left_truth"], m["n"]))
+    lines.append(beside.note)
+    lines.append(
+        "m2 by turn position (aligned scenarios) and where the model first left the truth:"
+    )
+    lines += ["  " + line for line in columns(position_table(m, beside))]
+    return lines
+
+
 def format_summary(m: Metrics) -> str:
     """The terminal lines for a metrics dict."""
     lines = [
         f"ckpt {m['ckpt']}: {m['n']} scenarios ({_status(m)})",
+        *(
+            [f"history: {describe_history(history_of(m))}"]
+            if history_of(m) != HISTORY_TRUTH
+            else []
+        ),
         *_with_ci(f"m1 final-query: {_pct(m['m1'])}", m["m1"]),
         *_with_ci(f"m2 turn-level:  {_pct(m['m2'])}  (aligned scenarios only)", m["m2"]),
         f"unaligned: {m['unaligned']}/{m['n']}   parse failures: final {m['parse_fail']['final']}, "
@@ -509,6 +544,7 @@ class _XdistSelection:
         wi["memeval_overrides"] = state.overrides
         wi["memeval_run_dir"] = str(state.run_dir)
         wi["memeval_decode_path"] = state.decode_path
+        wi["memeval_history"] = state.history
         spec = getattr(getattr(node, "gateway", None), "spec", None)
         if spec is not None and getattr(spec, "popen", False) and not getattr(spec, "chdir", None):
             # Same machine, same working directory: the worker must end up with our setup.

@@ -1,8 +1,8 @@
 """``--memeval-resume``: finish an interrupted run without redoing what its journal holds.
 
 The journal (``runs/<ckpt>/journal.jsonl``) starts with a header line naming what the run
-evaluates: the benchmark, model, adapter and decoding fingerprints, the decode path and the
-parse rules. A resumed run
+evaluates: the benchmark, model, adapter and decoding fingerprints, the decode path, the
+history (teacher-forced or free-running) and the parse rules. A resumed run
 
 1. reads that header and refuses, listing every difference, unless the current run would
    evaluate exactly the same thing (mixing records of two checkpoints is not a result);
@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.formatting import shorten
+from pytest_memeval.core.history import describe_history, history_of
 from pytest_memeval.core.records import RecordError, validate_record
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, Journal
 from pytest_memeval.runtime.eval_items import scenario_param
@@ -61,6 +62,7 @@ def journal_header(state: MemevalState) -> dict[str, Any]:
         "ckpt": profile.name,
         "kind": profile.kind,
         "decode_path": state.decode_path,
+        "history": state.history,
         "fingerprints": dict(state.fingerprints),
         "parse": {"final": profile.parse.final, "turn": profile.parse.turn},
         "benchmark_source": state.benchmark.source,
@@ -91,6 +93,12 @@ def header_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for key in _COMPARED:
         if old.get(key) != new.get(key):
             diffs.append(f"{key}: journal {_short(old.get(key))}, now {_short(new.get(key))}")
+    # A journal written before free-running runs existed was teacher-forced.
+    if history_of(old) != history_of(new):
+        diffs.append(
+            f"history: journal {describe_history(history_of(old))}, now "
+            f"{describe_history(history_of(new))}"
+        )
     return diffs
 
 

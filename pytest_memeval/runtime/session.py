@@ -20,6 +20,12 @@ import pytest
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError
 from pytest_memeval.core.builders import load_profile_benchmark
 from pytest_memeval.core.cache import resolve_cache_dir
+from pytest_memeval.core.history import (
+    HISTORY_MODEL,
+    HISTORY_TRUTH,
+    RUN_DIR_SUFFIX,
+    history_name,
+)
 from pytest_memeval.core.profiles import (
     Profile,
     ProfileError,
@@ -28,7 +34,11 @@ from pytest_memeval.core.profiles import (
     resolve_profile,
 )
 from pytest_memeval.core.sharding import ShardError, select_shard, shard_dir_name
-from pytest_memeval.decode.replay import load_replay_source, source_fingerprints
+from pytest_memeval.decode.replay import (
+    check_replay_history,
+    load_replay_source,
+    source_fingerprints,
+)
 from pytest_memeval.model.checks import (
     check_adapter_dir,
     check_adapter_fits,
@@ -46,6 +56,7 @@ __all__ = [
     "cache_dir",
     "controller_profile",
     "decoding_fingerprint",
+    "decoding_settings",
     "load_benchmark",
     "profiles_file",
     "run_dir_name",
@@ -84,8 +95,17 @@ def decoding_fingerprint(settings: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
+def decoding_settings(profile: Profile, history: str) -> dict[str, Any]:
+    """What the decoding fingerprint hashes: the generation settings, and the history when it
+    is the model's own (a teacher-forced run's fingerprint is what it always was)."""
+    settings = profile.generation.as_dict()
+    if history != HISTORY_TRUTH:
+        settings["history"] = history
+    return settings
+
+
 def _fingerprints(
-    profile: Profile, benchmark: Benchmark, conversion: GgufConversion | None
+    profile: Profile, benchmark: Benchmark, conversion: GgufConversion | None, history: str
 ) -> dict[str, str | None]:
     if profile.kind == "replay":
         fps = source_fingerprints(profile)
@@ -95,7 +115,7 @@ def _fingerprints(
         # A GGUF model: the file's own sha256, what `sha256sum FILE` prints.
         "model": conversion.fingerprint if conversion else fingerprint_dir(profile.model_dir),
         "adapter": fingerprint_dir(profile.adapter) if profile.adapter else None,
-        "decoding": decoding_fingerprint(profile.generation.as_dict()),
+        "decoding": decoding_fingerprint(decoding_settings(profile, history)),
     }
     if profile.tokenizer is not None:
         fps["tokenizer"] = fingerprint_dir(profile.tokenizer)
@@ -125,12 +145,16 @@ def cache_dir(config: pytest.Config) -> Path:
     return resolve_cache_dir(explicit)
 
 
-def run_dir_name(name: str, overrides: Mapping[str, Mapping[str, str | None]]) -> str:
+def run_dir_name(
+    name: str, overrides: Mapping[str, Mapping[str, str | None]], history: str = HISTORY_TRUTH
+) -> str:
     """The run directory name of profile ``name`` with command-line ``overrides``.
 
     ``oracle`` without overrides; ``oracle@checkpoint-500-1a2b3c4d`` with ``--memeval-adapter
     .../checkpoint-500`` (the hash of the absolute path keeps ``run-a/checkpoint-500`` and
-    ``run-b/checkpoint-500`` apart), ``oracle@model-base2-...@dtype-bfloat16`` and so on.
+    ``run-b/checkpoint-500`` apart), ``oracle@model-base2-...@dtype-bfloat16`` and so on; a
+    free-running run (``history`` ``model``) ends with ``@history-model``, beside the
+    teacher-forced run of the same checkpoint.
     """
     parts = [name]
     for key in ("model", "adapter"):
@@ -143,7 +167,7 @@ def run_dir_name(name: str, overrides: Mapping[str, Mapping[str, str | None]]) -
         value = str(overrides[key]["value"])
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in value)
         parts.append(f"{key.split('.', 1)[1]}-{safe}")
-    return "@".join(parts)
+    return "@".join(parts) + (RUN_DIR_SUFFIX if history == HISTORY_MODEL else "")
 
 
 def controller_profile(
@@ -201,13 +225,18 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         # usage error naming file, line, scenario and field, not an error per item.
         assert profile.predictions is not None
         replay_source = load_replay_source(profile.predictions, benchmark, scope_ids)
+    history = _history(config)
+    if replay_source is not None:
+        check_replay_history(replay_source, history)
     out = config.getoption("memeval_out")
     if wi is not None and wi.get("memeval_run_dir"):
         run_dir = Path(wi["memeval_run_dir"])
     elif out:
         run_dir = _cli_path(config, out) or Path(out).resolve()
     else:
-        run_dir = config.rootpath / config.getini("memeval_out") / run_dir_name(name, overrides)
+        run_dir = (
+            config.rootpath / config.getini("memeval_out") / run_dir_name(name, overrides, history)
+        )
         if shard is not None:
             run_dir = run_dir / shard_dir_name(*shard)
     if wi is not None and wi.get("memeval_decode_path"):
@@ -233,7 +262,7 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
     fingerprints: dict[str, str | None] = (
         {"benchmark": benchmark.fingerprint}
         if wi is not None
-        else _fingerprints(profile, benchmark, conversion)
+        else _fingerprints(profile, benchmark, conversion, history)
     )
     return MemevalState(
         profile=profile,
@@ -247,7 +276,21 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         overlong=overlong,
         replay_source=replay_source,
         gguf=conversion.describe() if conversion is not None else None,
+        history=history,
     )
+
+
+def _history(config: pytest.Config) -> str:
+    """``--memeval-history``, else the ``memeval_history`` ini value; on an xdist worker, the
+    controller's (read once)."""
+    wi = workerinput(config)
+    if wi is not None and wi.get("memeval_history"):
+        return str(wi["memeval_history"])
+    value = config.getoption("memeval_history") or config.getini("memeval_history")
+    try:
+        return history_name(str(value).strip(), "memeval_history")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def run_preflight(

@@ -50,6 +50,7 @@ class MemevalWorkerInput(TypedDict, total=False):
     memeval_overrides: dict[str, dict[str, str | None]]
     memeval_run_dir: str  # the controller's run directory
     memeval_decode_path: str  # fast, reference or replay (option or ini, read once)
+    memeval_history: str  # truth or model (--memeval-history or ini, read once)
     #: the controller's rootdir and config file (None: none), which every worker must share
     memeval_rootdir: str
     memeval_inifile: str | None
@@ -88,6 +89,9 @@ class MemevalState:
     decode_path: str
     fingerprints: dict[str, str | None]
     shard: tuple[int, int] | None = None
+    #: ``truth`` (teacher-forced) or ``model`` (free-running): what the prompts hold as the
+    #: earlier assistant messages (core/history.py)
+    history: str = "truth"
     #: what --memeval-model/--memeval-adapter/--memeval-set changed (profiles.apply_overrides)
     overrides: dict[str, dict[str, str | None]] = field(default_factory=dict)
     #: --memeval-allow-overlong: id -> {"tokens", "limit"} of those past the context (preflight)

@@ -20,6 +20,7 @@ from pytest_memeval.compat.pytest import drop_report_record, set_report_record
 from pytest_memeval.compat.xdist import pending_item_indices
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.formatting import shown_list
+from pytest_memeval.core.history import history_words
 from pytest_memeval.core.records import Record
 from pytest_memeval.core.scoring import score
 from pytest_memeval.runtime.devices import device_label, is_out_of_memory, worker_device
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PREFETCH_SIZE",
     "RECORD_CACHE_SIZE",
+    "HistoryMismatch",
     "MemevalWorker",
     "PrefetchError",
     "PrefetchWarning",
@@ -51,6 +53,11 @@ PREFETCH_SIZE = 16
 class PrefetchWarning(UserWarning):
     """Batched prefetch is off in this process (a batch ran out of memory, or xdist's queue
     of this worker's next items cannot be read); it decodes one scenario at a time."""
+
+
+class HistoryMismatch(RuntimeError):
+    """A decoder returned a rollout of another history than the run's (a decoder from a
+    ``pytest_memeval_make_decoder`` hook that ignores ``history``)."""
 
 
 class PrefetchError(RuntimeError):
@@ -91,6 +98,7 @@ class MemevalWorker:
                 profile=self.state.profile,
                 path=self.state.decode_path,
                 device=self.device,
+                history=self.state.history,
             )
         assert self._decoder is not None
         return self._decoder
@@ -108,6 +116,14 @@ class MemevalWorker:
         self._prefetch(decoder, scenario)
         started = time.perf_counter()
         rollout = decoder.rollout(scenario)
+        if rollout.history != self.state.history:
+            raise HistoryMismatch(
+                f"scenario {scenario.id!r}: the decoder ({type(decoder).__name__}, from "
+                f"pytest_memeval_make_decoder) decoded it {history_words(rollout.history)} "
+                f"(history {rollout.history}), but this run is {history_words(self.state.history)} "
+                f"(--memeval-history {self.state.history}); a decoder of another history would "
+                "pass one kind of result off as the other"
+            )
         batched = (
             {"decode_batch": rollout.batch, "decode_batch_size": rollout.batch_size}
             if rollout.batch_size

@@ -42,6 +42,7 @@ from pytest_memeval.core.benchmark import BenchmarkError, Scenario, load_jsonl
 from pytest_memeval.core.builders import build_bundled, load_profile_benchmark
 from pytest_memeval.core.cache import resolve_cache_dir
 from pytest_memeval.core.formatting import per_second, percent, shown_list
+from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_history
 from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
 from pytest_memeval.decode import Rollout
 from pytest_memeval.decode.fast import (
@@ -144,6 +145,13 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
     )
     parser.add_argument(
+        "--history",
+        choices=HISTORIES,
+        default=HISTORY_TRUTH,
+        help="the history both paths decode with: truth (teacher-forced, the default) or "
+        "model (free-running: each turn's prompt holds the path's own earlier outputs)",
+    )
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
@@ -241,6 +249,12 @@ def _describe_stats(stats: DecodeStats) -> str:
         )
     if stats.reference_scenarios:
         text += f"; {stats.reference_scenarios} scenarios on the reference path"
+    if stats.free_running_rounds:
+        text += (
+            f"; free-running: {stats.free_running_rounds} rounds, {stats.free_running_turns} "
+            f"turns accepted, {stats.free_running_cached_passes} passes from a cached prefix, "
+            f"{stats.free_running_unused} planned turns past a departure"
+        )
     return text
 
 
@@ -300,6 +314,7 @@ def _fast_decoder(
         max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS if max_batch_tokens is None else max_batch_tokens,
         margin=args.margin,
         calibrate=calibrate,
+        history=args.history,
     )
 
 
@@ -314,7 +329,7 @@ def _compare(
     if calibrated is not None:
         # The calibration is once per loaded model (a worker calibrates once per run).
         fast.adopt_calibration(calibrated)
-    reference = ReferenceDecoder(loaded, max_new)
+    reference = ReferenceDecoder(loaded, max_new, history=args.history)
     # Warm both paths up (first calls allocate and import), outside the timings.
     warm = scenarios[:1]
     _fast_decoder(loaded, max_new, args, calibrate=False).decode(warm)
@@ -450,7 +465,8 @@ def cli_main(args: argparse.Namespace) -> int:
         f"memeval bench: profile {profile.name}, {n} scenarios, {n_turns} assistant turns, "
         f"{_tokens(loaded, scenarios)} tokens; {loaded.dtype}, {settings.attn_implementation} "
         f"attention, adapter {profile.adapter or 'none'}, max_new_tokens {max_new}, "
-        f"{args.device}, {torch.get_num_threads()} torch threads"
+        f"{args.device}, {torch.get_num_threads()} torch threads; history "
+        f"{describe_history(args.history)}"
     )
     run = _compare(loaded, scenarios, args, max_new)
     ref, fst, fast, differ = run.reference, run.fast, run.decoder, run.differ

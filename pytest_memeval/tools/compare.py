@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from pytest_memeval.core.formatting import columns, percent, score_text, shown_ids
+from pytest_memeval.core.history import history_of, history_words, other_differences
 from pytest_memeval.core.records import (
     Fingerprints,
     Metrics,
@@ -109,6 +110,8 @@ class RunSummary(TypedDict):
     unaligned: int
     fingerprints: Fingerprints
     m2_by_position: dict[str, PositionCounts]
+    #: ``truth`` (teacher-forced) or ``model`` (free-running)
+    history: str
 
 
 class Power(TypedDict):
@@ -322,6 +325,7 @@ def run_summary(label: str, run: RunData) -> RunSummary:
         "unaligned": m["unaligned"],
         "fingerprints": fingerprints.copy(),
         "m2_by_position": dict(m.get("m2_by_position") or {}),
+        "history": history_of(m),
     }
 
 
@@ -332,13 +336,41 @@ def _pp(a: float | None, b: float | None) -> float | None:
 def compare_runs(run_a: RunData, run_b: RunData) -> Comparison:
     """The comparison of two loaded runs as plain JSON data (what ``--json`` prints).
 
-    Raises :class:`CompareError` when the runs cover different scenario ids.
+    Raises :class:`CompareError` when the runs cover different scenario ids, or differ in
+    their history (teacher-forced, free-running) and in anything else as well. Two runs of
+    one checkpoint that differ only in their history are compared as a pair of the same
+    scenarios (labelled ``<ckpt> (teacher-forced)`` / ``<ckpt> (free-running)``;
+    :mod:`.history_compare` reads the gap off the result).
     """
     _same_ids(run_a, run_b)
+    _one_question(run_a, run_b)
     labels = (run_a.ckpt, run_b.ckpt)
+    histories = (history_of(run_a.metrics), history_of(run_b.metrics))
+    if histories[0] != histories[1]:
+        labels = (
+            f"{labels[0]} ({history_words(histories[0])})",
+            f"{labels[1]} ({history_words(histories[1])})",
+        )
     if labels[0] == labels[1]:
         labels = (str(run_a.path), str(run_b.path))
     return _compare(run_a, run_b, labels)
+
+
+def _one_question(run_a: RunData, run_b: RunData) -> None:
+    """Refuse two runs whose histories differ when anything else differs too: the gap would
+    mix the history's effect with the other difference's."""
+    ha, hb = history_of(run_a.metrics), history_of(run_b.metrics)
+    if ha == hb:
+        return
+    differ = other_differences(run_a.metrics, run_b.metrics)
+    if differ:
+        raise CompareError(
+            f"A ({run_a.path}) is {history_words(ha)} (history {ha}) and B ({run_b.path}) "
+            f"{history_words(hb)} (history {hb}), and they differ in more than that: "
+            + "; ".join(differ)
+            + ". Compare runs of one history, or the two histories of one checkpoint "
+            "(memeval compare runs/<ckpt> runs/<ckpt>@history-model)"
+        )
 
 
 def _same_ids(run_a: RunData, run_b: RunData) -> None:
@@ -575,6 +607,17 @@ def compare_many(baseline: RunData, runs: Sequence[RunData]) -> ManyComparison:
     corrected with Holm's step-down method over the runs compared (``p_holm`` beside each
     ``p_value``). Raises :class:`CompareError` if any run covers other scenario ids.
     """
+    histories = [history_of(run.metrics) for run in (baseline, *runs)]
+    if len(set(histories)) > 1:
+        shown = ", ".join(
+            f"{run.path}: {history_words(h)}"
+            for run, h in zip((baseline, *runs), histories, strict=True)
+        )
+        raise CompareError(
+            f"the runs mix teacher-forced and free-running results ({shown}); a leaderboard "
+            "ranks runs of one history. Compare the two histories of one checkpoint on their "
+            "own: memeval compare RUN_TRUTH RUN_MODEL"
+        )
     labels = _labels([baseline, *runs])
     pairs: list[Comparison] = []
     for run, label in zip(runs, labels[1:], strict=True):

@@ -4,7 +4,9 @@ The whole-benchmark comparison (:mod:`pytest_memeval.tools.compare`), followed, 
 scenarios carry tags, by the comparison slice by slice
 (:mod:`pytest_memeval.tools.slice_compare`): ``--slice`` chooses the slices shown (they are
 the family the p-values are adjusted over), ``--correction`` the adjustment. ``--json`` prints
-the same as one object (the comparison's fields, plus ``slices``).
+the same as one object (the comparison's fields, plus ``slices``, and ``history``: the
+teacher-forced/free-running facts of :mod:`pytest_memeval.tools.history_compare` when the two
+runs are the two histories of one checkpoint, else null).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pytest_memeval.tools.compare import (
     format_many,
     load_run,
 )
+from pytest_memeval.tools.history_compare import format_history_pair, history_pair
 from pytest_memeval.tools.slice_compare import (
     compare_slices,
     format_slices,
@@ -60,6 +63,11 @@ def cli_main(args: argparse.Namespace) -> int:
             pair = compare_runs(reference, runs[0])
             result, text = dict(pair), format_comparison(pair)
             labels = [pair["a"]["label"], pair["b"]["label"]]
+            # Teacher-forced against free-running (the same checkpoint): the gap, derailed.
+            histories = history_pair(reference, runs[0], pair)
+            result["history"] = histories
+            if histories is not None:
+                text += "\n\n" + "\n".join(format_history_pair(histories, pair["n"]))
         else:
             many = compare_many(reference, runs)
             result, text = dict(many), format_many(many)

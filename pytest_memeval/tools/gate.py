@@ -36,6 +36,7 @@ import pytest
 
 from pytest_memeval.compat.pytest import report_record
 from pytest_memeval.core.formatting import shown_ids
+from pytest_memeval.core.history import history_of, history_words
 from pytest_memeval.core.ids import item_name
 from pytest_memeval.core.records import Metrics, RateBlock, Record, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
@@ -188,6 +189,15 @@ def _load_baseline(path: Path, state: MemevalState) -> Baseline:
         run = load_run(path)
     except CompareError as exc:
         raise pytest.UsageError(f"--memeval-baseline: {exc}") from None
+    theirs_history = history_of(run.metrics)
+    if theirs_history != state.history:
+        raise pytest.UsageError(
+            f"--memeval-baseline {path}: the baseline is {history_words(theirs_history)} "
+            f"(history {theirs_history}) and this run {history_words(state.history)} "
+            f"(--memeval-history {state.history}); a drop measured across the two mixes the "
+            "cost of free-running into the regression. Gate against a baseline of the same "
+            "history (memeval compare shows the gap between the two)"
+        )
     ours, theirs = set(state.scope_ids), set(run.records)
     if ours != theirs:
         only_ours = sorted(ours - theirs)
@@ -564,7 +574,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if not path.is_absolute():
             path = Path(config.invocation_params.dir) / path
         try:
-            names = load_known_failures(path)
+            names = load_known_failures(path, state.history)
         except ExpectError as exc:
             raise pytest.UsageError(f"--memeval-expect: {exc}") from None
         source = str(expect)

@@ -58,7 +58,7 @@ class MemevalHtml:
             return
         metrics = getattr(controller, "metrics", None)
         gate = self.config.stash.get(GATE_KEY, None)
-        prefix.append(summary_html(metrics, gate))
+        prefix.append(summary_html(metrics, gate, getattr(controller, "run_dir", None)))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -34,6 +34,7 @@ from typing import Any, cast
 import pytest
 
 from pytest_memeval.compat.pytest import junit_file, report_record
+from pytest_memeval.core.history import history_of
 from pytest_memeval.core.records import Metrics, Record
 from pytest_memeval.core.rundir import atomic_write
 from pytest_memeval.runtime.eval_items import scenario_param
@@ -195,6 +196,7 @@ def suite_properties(run: FinishedRun) -> list[tuple[str, str]]:
         ("memeval.parse_fail.final", str(m["parse_fail"]["final"])),
         ("memeval.parse_fail.turns", str(m["parse_fail"]["turns"])),
         ("memeval.decode", str((m.get("decoding") or {}).get("path"))),
+        ("memeval.history", history_of(m)),
     ]
     for part, value in sorted((m.get("fingerprints") or {}).items()):
         props.append((f"memeval.fingerprint.{part}", str(value)))

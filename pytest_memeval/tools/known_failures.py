@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from pytest_memeval.core.history import history_of, history_words
 from pytest_memeval.core.ids import item_name, split_item_name
 from pytest_memeval.core.records import Record, RecordError, read_records
 from pytest_memeval.core.recount import RecountError, recount_run
@@ -73,8 +74,25 @@ def _from_text(path: Path) -> list[str]:
     return names
 
 
-def load_known_failures(source: Path) -> list[str]:
-    """The known-failure item names of a run directory, predictions file or text list."""
+def _one_history(records: Iterable[Record], history: str, source: Path) -> Iterable[Record]:
+    """``records``, refusing one predicted with another history than ``history``: the known
+    failures of a teacher-forced run are not those of a free-running one."""
+    for rec in records:
+        if history_of(rec) != history:
+            raise ExpectError(
+                f"{source}: scenario {rec['id']!r} was evaluated {history_words(history_of(rec))}"
+                f" (history {history_of(rec)}), this run is {history_words(history)} "
+                f"(--memeval-history {history}); use the known failures of a run of the same "
+                "history"
+            )
+        yield rec
+
+
+def load_known_failures(source: Path, history: str | None = None) -> list[str]:
+    """The known-failure item names of a run directory, predictions file or text list.
+
+    ``history``: the run's (``truth`` or ``model``); records of another history are refused.
+    A text list says nothing of its history and is taken as given."""
     if source.is_dir():
         try:
             recount_run(source)
@@ -85,7 +103,10 @@ def load_known_failures(source: Path) -> list[str]:
         raise ExpectError(f"{source}: no such run directory or known-failures file")
     if source.suffix == ".jsonl":
         try:
-            return failed_items(read_records(source))
+            records = read_records(source)
+            if history is not None:
+                records = iter(_one_history(records, history, source))
+            return failed_items(records)
         except RecordError as exc:  # names the file, line, scenario and field already
             raise ExpectError(f"unusable known failures: {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:

@@ -2,8 +2,9 @@
 
 The seed's "loud abort", as a command: shards are merged only if every one of them is a
 finished shard run that passes the recount, together they are shards 1..N of the same N,
-cover every scenario of the benchmark exactly once, and agree on the checkpoint and on every
-fingerprint (benchmark, model, adapter, decoding). Otherwise the command lists every problem
+cover every scenario of the benchmark exactly once, and agree on the checkpoint, on every
+fingerprint (benchmark, model, adapter, decoding) and on the history (teacher-forced or
+free-running). Otherwise the command lists every problem
 (missing shard, duplicated scenario, mismatched fingerprint, unfinished shard...), exits 1
 and writes nothing. The merged run is a complete run written like an unsharded one, by the same
 :func:`~pytest_memeval.core.results.finalize_run`: predictions in benchmark order, metrics
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_memeval.core.formatting import counts_text, shown_ids
+from pytest_memeval.core.history import describe_history, history_of
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION
 from pytest_memeval.core.records import (
     Metrics,
@@ -182,6 +184,9 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
     _agree(runs, "benchmark size", lambda r: r.shard["benchmark_total"], problems)
     _agree(runs, "checkpoint profile", lambda r: r.metrics.get("ckpt"), problems)
     _agree(runs, "profile kind", lambda r: r.metrics.get("kind"), problems)
+    # Teacher-forced and free-running shards answer different questions: one merged run
+    # would mix them (their decoding fingerprints differ too; this says why).
+    _agree(runs, "history", lambda r: describe_history(history_of(r.metrics)), problems)
     keys = sorted({k for r in runs for k in (r.metrics.get("fingerprints") or {})})
     for key in keys:
         _agree(runs, f"{key} fingerprint", _fingerprint(key), problems)
@@ -347,6 +352,7 @@ def _merged_facts(runs: list[ShardRun]) -> RunFacts:
         },
         # Every shard has the same (check_shards), and a run without says {}.
         overrides=first.get("overrides") or {},
+        history=history_of(first),
     )
 
 

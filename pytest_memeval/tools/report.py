@@ -25,11 +25,23 @@ import base64
 import datetime as _dt
 import hashlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_memeval.core.records import Metrics, Record
+from pytest_memeval.core.free_running import (
+    left_truth_words,
+    position_table,
+    teacher_forced_beside,
+)
+from pytest_memeval.core.history import (
+    HISTORY_MODEL,
+    HISTORY_TRUTH,
+    describe_history,
+    history_of,
+    history_words,
+)
+from pytest_memeval.core.records import LeftTruth, Metrics, Record
 from pytest_memeval.core.rundir import atomic_write
 from pytest_memeval.core.stats import interval_words, rate_with_ci
 from pytest_memeval.tools.compare import (
@@ -47,6 +59,7 @@ from pytest_memeval.tools.compare import (
     m2_delta_lines,
     run_summary,
 )
+from pytest_memeval.tools.history_compare import format_history_pair, history_pair
 from pytest_memeval.tools.slice_compare import (
     SliceComparison,
     compare_slices,
@@ -95,15 +108,30 @@ def scenario_detail_html(record: Record) -> str:
     return render("scenario_detail.html", record=record, wrong=wrong)
 
 
-def summary_html(metrics: Metrics | None, gate: GateOutcome | None) -> str:
-    """The memeval block above pytest-html's results table: m1, m2, intervals, the gate."""
+def summary_html(
+    metrics: Metrics | None, gate: GateOutcome | None, run_dir: Path | None = None
+) -> str:
+    """The memeval block above pytest-html's results table: m1, m2, intervals, the gate; for
+    a free-running run in ``run_dir``, where it left the truth and m2 by turn position beside
+    the teacher-forced run of the checkpoint (when there is one)."""
     rows = []
+    free_running = None
     if metrics is not None:
         for name, block in (("m1 final-query", metrics["m1"]), ("m2 turn-level", metrics["m2"])):
             if "ci95" not in block:  # a metrics.json from before the intervals were written
                 block = rate_with_ci(block["correct"], block["total"])
             rows.append((name, fmt_rate(block), interval_words(block) or "-"))
-    return render("summary.html", metrics=metrics, rows=rows, gate=gate)
+        if history_of(metrics) == HISTORY_MODEL and run_dir is not None:
+            beside = teacher_forced_beside(run_dir, metrics)
+            free_running = {
+                "history": describe_history(HISTORY_MODEL),
+                "left": left_truth_words(metrics["left_truth"], metrics["n"])
+                if "left_truth" in metrics
+                else "",
+                "note": beside.note,
+                "table": position_table(metrics, beside),
+            }
+    return render("summary.html", metrics=metrics, rows=rows, gate=gate, free_running=free_running)
 
 
 # -- charts: geometry as numbers; the templates (_charts.html) draw them ----------------------
@@ -154,8 +182,9 @@ def _interval_chart(
     }
 
 
-def _position_chart(runs: Sequence[RunSummary]) -> dict[str, Any]:
-    """m2 by turn position: one line per run, y from 0 to 100%."""
+def _position_chart(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """m2 by turn position: one line per run (``label``, ``m2_by_position``: a run summary,
+    or the teacher-forced run beside a free-running one), y from 0 to 100%."""
     series = []
     for run in runs:
         points = []
@@ -194,6 +223,66 @@ def _position_chart(runs: Sequence[RunSummary]) -> dict[str, Any]:
             }
             for i, (run, pts) in enumerate(zip(runs, series, strict=True))
         ],
+    }
+
+
+def _departure_chart(series: Sequence[tuple[str, str, LeftTruth, int]]) -> dict[str, Any]:
+    """Where the scenarios first left the truth: per turn position (and "never"), a bar per
+    run of the share of its ``n`` scenarios. ``series``: (label, colour, left_truth, n)."""
+    top = max((int(k) for _, _, left, _ in series for k in left["at"]), default=0)
+    slots = [str(k) for k in range(top + 1)] + ["never"]
+    width, height, left_m, right_m, top_m, bottom = 560, 220, 46, 16, 14, 36
+    plot_w, plot_h = width - left_m - right_m, height - top_m - bottom
+    slot_w = plot_w / len(slots)
+    bar_w = max(1.0, slot_w * 0.8 / max(1, len(series)))
+    peak = max(
+        [
+            count / n
+            for _, _, left, n in series
+            if n
+            for count in (*left["at"].values(), left["never"])
+        ]
+        or [1.0]
+    )
+    scale = max(0.1, peak)
+
+    def y(share: float) -> float:
+        return top_m + (1 - share / scale) * plot_h
+
+    bars = []
+    for i, (label, color, left, n) in enumerate(series):
+        for j, slot in enumerate(slots):
+            count = left["never"] if slot == "never" else left["at"].get(slot, 0)
+            if not count or not n:
+                continue
+            share = count / n
+            bars.append(
+                {
+                    "x": left_m + j * slot_w + slot_w * 0.1 + i * bar_w,
+                    "y": y(share),
+                    "w": bar_w,
+                    "h": top_m + plot_h - y(share),
+                    "color": color,
+                    "title": f"{label}: {count}/{n} scenarios first left the truth "
+                    + ("never" if slot == "never" else f"at turn {slot}"),
+                }
+            )
+    step = max(1, len(slots) // 10)
+    return {
+        "width": width,
+        "height": height,
+        "left": left_m,
+        "right": right_m,
+        "bottom": bottom,
+        "axis_label_x": left_m + plot_w / 2,
+        "grid": [{"y": y(f * scale), "label": f"{f * scale * 100:.0f}%"} for f in (0, 0.5, 1)],
+        "ticks": [
+            {"x": left_m + j * slot_w + slot_w / 2, "label": slot}
+            for j, slot in enumerate(slots)
+            if slot == "never" or j % step == 0
+        ],
+        "bars": bars,
+        "series": [{"label": label, "color": color} for label, color, _, _ in series],
     }
 
 
@@ -364,7 +453,10 @@ def render_report(
         else None
     )
     # One run: the same summary fields, no pairing.
-    summaries = [pair["a"], pair["b"]] if pair is not None else [run_summary(runs[0].ckpt, runs[0])]
+    summaries = (
+        [pair["a"], pair["b"]] if pair is not None else [run_summary(_one_label(runs[0]), runs[0])]
+    )
+    histories = _histories(runs, pair, summaries)
     return render(
         "one_or_two.html",
         title="memeval report: " + " vs ".join(s["label"] for s in summaries),
@@ -382,10 +474,64 @@ def render_report(
             _interval_chart("m1 final-query, 95% Wilson interval", summaries, "m1"),
             _interval_chart("m2 turn-level, 95% interval clustered by scenario", summaries, "m2"),
         ],
-        position=_position_chart(summaries),
+        position=_position_chart([*summaries, *histories.pop("beside_summary", [])]),
+        histories=histories,
         filters=_filters(two),
         scenarios=_scenarios(runs, pair),
     )
+
+
+def _one_label(run: RunData) -> str:
+    """A run alone: its checkpoint, and its history when free-running."""
+    history = history_of(run.metrics)
+    return run.ckpt if history == HISTORY_TRUTH else f"{run.ckpt} ({history_words(history)})"
+
+
+def _histories(
+    runs: Sequence[RunData], pair: Comparison | None, summaries: Sequence[RunSummary]
+) -> dict[str, Any]:
+    """The page's teacher-forced/free-running section: for a pair of the two histories of one
+    checkpoint, the gap (:mod:`.history_compare`); for one free-running run, where it left
+    the truth, and its teacher-forced run beside it (``beside_summary``: a curve for the
+    position chart) when there is one. Empty for teacher-forced runs alone."""
+    if pair is not None:
+        found = history_pair(runs[0], runs[1], pair)
+        if found is None:
+            return {}
+        series = [
+            (s["label"], COLORS[i], left, s["n"])
+            for i, s in enumerate(summaries)
+            if (left := runs[i].metrics.get("left_truth")) is not None
+        ]
+        return {
+            "lines": [line.strip() for line in format_history_pair(found, pair["n"])[1:]],
+            "pair": found,
+            "departures": _departure_chart(series) if series else None,
+        }
+    run = runs[0]
+    if history_of(run.metrics) != HISTORY_MODEL:
+        return {}
+    metrics = run.metrics
+    beside = teacher_forced_beside(run.path, metrics)
+    left = metrics.get("left_truth")
+    lines = [describe_history(HISTORY_MODEL)]
+    if left is not None:
+        lines.append(left_truth_words(left, metrics["n"]))
+    lines.append(beside.note)
+    series = [(summaries[0]["label"], COLORS[0], left, metrics["n"])] if left is not None else []
+    out: dict[str, Any] = {"lines": lines, "pair": None}
+    if beside.metrics is not None:
+        tf = beside.metrics
+        if "left_truth" in tf:
+            series.append((f"{run.ckpt} (teacher-forced)", COLORS[1], tf["left_truth"], tf["n"]))
+        out["beside_summary"] = [
+            {
+                "label": f"{run.ckpt} (teacher-forced)",
+                "m2_by_position": dict(tf.get("m2_by_position") or {}),
+            }
+        ]
+    out["departures"] = _departure_chart(series) if series else None
+    return out
 
 
 # -- many runs against one baseline ----------------------------------------------------------

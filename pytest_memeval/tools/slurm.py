@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_memeval.core.history import HISTORIES, HISTORY_MODEL, HISTORY_TRUTH, RUN_DIR_SUFFIX
 from pytest_memeval.core.profiles import ProfileError, memeval_table, read_toml, resolve_profile
 from pytest_memeval.core.rundir import (
     JOURNAL,
@@ -169,6 +170,8 @@ class Plan:
     project: Path
     python: str
     settings: SlurmSettings = field(default_factory=SlurmSettings)
+    #: the prompts' history: ``truth`` (teacher-forced) or ``model`` (free-running)
+    history: str = HISTORY_TRUTH
 
     @property
     def slurm_dir(self) -> Path:
@@ -196,6 +199,7 @@ class Plan:
             "out": str(self.out),
             "project": str(self.project),
             "python": self.python,
+            "history": self.history,
             "sbatch": {
                 "partition": self.settings.partition,
                 "time": self.settings.time,
@@ -215,6 +219,8 @@ class Plan:
             out=Path(data["out"]),
             project=Path(data["project"]),
             python=str(data["python"]),
+            # a submission recorded before free-running runs existed was teacher-forced
+            history=str(data.get("history", HISTORY_TRUTH)),
             settings=SlurmSettings(
                 partition=sb.get("partition"),
                 time=sb.get("time"),
@@ -264,6 +270,8 @@ def shard_script(plan: Plan) -> str:
     # worker to each of exactly those. CPU: say so, so that a CUDA_VISIBLE_DEVICES exported
     # from the login shell is ignored.
     pytest_args = f"-n {plan.gpus_per_shard}" if plan.gpus_per_shard else "--memeval-gpus=cpu"
+    if plan.history != HISTORY_TRUTH:
+        pytest_args += f" --memeval-history={plan.history}"
     body = f"""
 # Checkpoints, data and run directories must be on a filesystem every node sees.
 cd {q(str(plan.project))} || exit 1
@@ -768,7 +776,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise SlurmError(f"--gpus-per-shard {gpus}: must be >= 0 (0: CPU)")
     if args.shards < 1:
         raise SlurmError(f"--shards {args.shards}: must be at least 1")
-    out = Path(args.out).resolve() if args.out else (project / runs / args.ckpt).resolve()
+    history = getattr(args, "history", HISTORY_TRUTH)
+    name = args.ckpt + (RUN_DIR_SUFFIX if history == HISTORY_MODEL else "")
+    out = Path(args.out).resolve() if args.out else (project / runs / name).resolve()
     _check_path(out)
     return Plan(
         ckpt=args.ckpt,
@@ -778,6 +788,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         project=project,
         python=sys.executable,
         settings=settings,
+        history=history,
     )
 
 
@@ -1006,6 +1017,13 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="merged run directory; shard runs go to DIR/shard-K-of-N, scripts and logs to "
         "DIR/slurm (default: runs/<ckpt> in the project)",
+    )
+    p.add_argument(
+        "--history",
+        choices=HISTORIES,
+        default=HISTORY_TRUTH,
+        help="truth (teacher-forced, the default) or model (free-running: each shard runs "
+        "pytest --memeval-history model; default DIR runs/<ckpt>@history-model)",
     )
     p.add_argument("--project", default=".", metavar="DIR", help="project directory (default: .)")
     p.add_argument("--partition", default=None, help="sbatch --partition")

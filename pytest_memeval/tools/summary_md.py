@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_memeval.core.formatting import percent, shown_ids
+from pytest_memeval.core.free_running import left_truth_words
+from pytest_memeval.core.history import HISTORY_TRUTH, history_of
 from pytest_memeval.core.records import Metrics, RateBlock, Record
 from pytest_memeval.core.stats import interval_words, rate_with_ci
 from pytest_memeval.tools.compare import (
@@ -48,6 +50,7 @@ from pytest_memeval.tools.compare import (
     load_run,
 )
 from pytest_memeval.tools.gate import GateOutcome
+from pytest_memeval.tools.history_compare import format_history_pair, history_pair
 
 __all__ = [
     "ROWS",
@@ -323,11 +326,15 @@ def run_markdown(
     facts = [f"{m['n']} scenarios, {_status(m)}"]
     if decode:
         facts.append(f"decode {md_code(str(decode), table=False)}")
+    if history_of(m) != HISTORY_TRUTH:
+        facts.append(f"history {md_code(history_of(m), table=False)} (free-running)")
     facts.append(f"run directory {md_code(str(run.path), table=False)}")
     if exitstatus is not None:
         facts.append(f"exit status {exitstatus}")
     lines = [f"## memeval: {md_code(run.label, table=False)}, {title}", "", " · ".join(facts), ""]
     lines += _metrics_table(m)
+    if history_of(m) != HISTORY_TRUTH and "left_truth" in m:
+        lines += [md_text(left_truth_words(m["left_truth"], m["n"])), ""]
     if m.get("missing"):
         lines += [f"Missing: {md_text(shown_ids(m['missing']))}", ""]
     if gate is not None:
@@ -406,4 +413,15 @@ def markdown_report(paths: Sequence[Path]) -> str:
         MarkdownRun(summary["label"], path, run.metrics, run.records)
         for summary, path, run in zip((pair["a"], pair["b"]), paths, runs, strict=True)
     )
-    return run_markdown(this, baseline=base, pair=pair)
+    text = run_markdown(this, baseline=base, pair=pair)
+    histories = history_pair(runs[0], runs[1], pair)
+    if histories is not None:
+        # The two histories of one checkpoint: the gap, and the scenarios it derailed.
+        text += (
+            "\n"
+            + "\n".join(
+                f"- {md_text(line.strip())}" for line in format_history_pair(histories, pair["n"])
+            )
+            + "\n"
+        )
+    return text

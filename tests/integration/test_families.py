@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
+from pytest_memeval.core.history import fed_back
+from pytest_memeval.decode import make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.checks import check_adapter_fits, fingerprint_dir
@@ -38,7 +40,7 @@ from ..families import (
     edit_json,
     family_records,
 )
-from ..plainloop import plain_loop, record_outputs, rollout_outputs
+from ..plainloop import plain_free_running, plain_loop, record_outputs, rollout_outputs
 
 # Slow: every test loads or trains tiny checkpoints of other model families.
 pytestmark = pytest.mark.slow
@@ -172,6 +174,37 @@ def test_16bit_fast_equals_reference(family: str, built: Built, dtype: str) -> N
     decoder = FastDecoder(loaded, MAX_NEW)
     assert [rollout_outputs(r) for r in decoder.decode(scenarios)] == reference
     assert decoder.stats.turns == sum(len(r) for r in reference)
+
+
+# --------------------------------------------------------------------------- free-running
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_free_running_fast_equals_reference_and_the_plain_loop(
+    family: str, built: Built, dtype: str
+) -> None:
+    """Free-running (``history="model"``): the fast path's rollouts equal the reference
+    path's; up to the first turn that leaves the truth they are the teacher-forced outputs;
+    in fp32 the reference is the user's own loop (above)."""
+    scenarios = scenarios_of(val_records(family, 2))
+    loaded = load_model(built.model(family), None, dtype=dtype)
+    free = [ReferenceDecoder(loaded, MAX_NEW, history="model").rollout(s) for s in scenarios]
+    fast = make_model_decoder("fast", loaded, MAX_NEW, "model")
+    fast.prefetch(scenarios)
+    assert [rollout_outputs(fast.rollout(s)) for s in scenarios] == [
+        rollout_outputs(r) for r in free
+    ]
+    forced = ReferenceDecoder(loaded, MAX_NEW)
+    for scenario, rollout in zip(scenarios, free, strict=True):
+        targets = [scenario.messages[k]["content"] for k in scenario.assistant_indices]
+        for i, (mine, theirs) in enumerate(
+            zip(rollout.outputs, forced.rollout(scenario).outputs, strict=True)
+        ):
+            assert mine.text == fed_back(theirs.text), (scenario.id, i)
+            if mine.text != targets[i]:
+                break  # the prompts differ from here on
+    if dtype == "float32":
+        model, tok = load_plain(built.model(family))
+        expected = [plain_free_running(model, tok, s.messages, MAX_NEW) for s in scenarios]
+        assert [rollout_outputs(r) for r in free] == expected
 
 
 # --------------------------------------------------------------------------- BOS

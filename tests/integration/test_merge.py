@@ -70,6 +70,22 @@ def test_merge_of_complete_shards(
     assert merge(*shards, "-o", out) == 0
 
 
+def test_merge_of_free_running_shards(tmp_path: Path) -> None:
+    """Shards of a free-running run merge into a free-running run: its metrics say so, with
+    the shards' left_truth added up, and the recount agrees."""
+    free = [write_shard(tmp_path / f"f{k}", IDS, k, 3, history="model") for k in (1, 2, 3)]
+    out = tmp_path / "merged"
+    assert merge(*free, "-o", out) == 0
+    recount_run(out)
+    metrics = json.loads((out / "metrics.json").read_text("utf-8"))
+    assert metrics["history"] == "model"
+    records = read_jsonl(out / "predictions.jsonl")
+    assert {r["history"] for r in records} == {"model"}
+    left = [r["left_truth_at"] for r in records]
+    assert metrics["left_truth"]["never"] == left.count(None)
+    assert sum(metrics["left_truth"]["at"].values()) == 7 - left.count(None)
+
+
 def _drop_shard(shards: list[Path]) -> list[Path]:
     return [shards[0], shards[2]]
 
@@ -132,6 +148,12 @@ def _other_overrides(shards: list[Path]) -> list[Path]:
     return shards
 
 
+def _other_history(shards: list[Path]) -> list[Path]:
+    # Shard 3 evaluated free-running (--memeval-history model), the others teacher-forced.
+    free = write_shard(shards[2].parent / "free-3", IDS, 3, 3, history="model")
+    return [shards[0], shards[1], free]
+
+
 def _overlap(shards: list[Path]) -> list[Path]:
     # Shard 2 re-labelled as shard 1 of the same N: shard 2 is then missing, and shard 1's
     # scenarios... are covered by two runs.
@@ -154,6 +176,7 @@ def _overlap(shards: list[Path]) -> list[Path]:
         (_recount_fails, "fails the recount"),
         (_being_rerun, "a newer unfinished run of this shard is in "),
         (_other_overrides, "overrides differs between shards"),
+        (_other_history, "history differs between shards: shard 1/3"),
     ],
 )
 def test_merge_refuses_and_writes_nothing(

@@ -30,6 +30,7 @@ import pytest
 
 from pytest_memeval.core.benchmark import Scenario, load_jsonl
 from pytest_memeval.core.cache import resolve_cache_dir
+from pytest_memeval.decode import make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.gguf import GgufConversion, convert_gguf
@@ -39,7 +40,14 @@ from pytest_memeval.tools.fetch import MODELS
 
 from ..conftest import EVAL_MODULE, MemevalProject
 from ..families import build_adapter
-from ..plainloop import Outputs, plain_loop, predicted, record_outputs, rollout_outputs
+from ..plainloop import (
+    Outputs,
+    plain_free_running,
+    plain_loop,
+    predicted,
+    record_outputs,
+    rollout_outputs,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -189,6 +197,36 @@ def test_fast_and_reference_decoders_equal_the_plain_loop(
         assert rollout_outputs(reference.rollout(scenario)) == expected[scenario.id], scenario.id
         assert rollout_outputs(rollout) == expected[scenario.id], scenario.id
     assert fast.stats["turns"] == sum(len(v) for v in expected.values()) == 17
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_free_running_fast_and_reference_equal_the_plain_loop(smol: Smol, dtype: str) -> None:
+    """Free-running (``history="model"``) on the real model: the fast path's rollouts, the
+    reference's, and a user's own free-running loop on the model transformers loads from the
+    GGUF file agree turn by turn; up to its first departure each scenario's turns are the
+    teacher-forced ones."""
+    loaded = load_model(smol.conversion.directory, None, dtype=dtype)
+    reference = ReferenceDecoder(loaded, MAX_NEW, history="model")
+    fast = make_model_decoder("fast", loaded, MAX_NEW, "model")
+    fast.prefetch(scenarios())
+    left = 0
+    teacher_forced = smol.expected(dtype, False)
+    for scenario in scenarios():
+        mine = rollout_outputs(fast.rollout(scenario))
+        assert rollout_outputs(reference.rollout(scenario)) == mine, scenario.id
+        model = smol.gguf_model(dtype)
+        assert plain_free_running(model, smol.gguf_tokenizer, scenario.messages, MAX_NEW) == (
+            mine
+        ), scenario.id
+        truths = [scenario.messages[k]["content"] for k in scenario.assistant_indices]
+        for i, ((text, stopped), forced) in enumerate(
+            zip(mine, teacher_forced[scenario.id], strict=True)
+        ):
+            assert (text, stopped) == (forced[0].strip(), forced[1]), (scenario.id, i)
+            if text != truths[i]:
+                left += 1
+                break
+    assert left, "the model never left the truth: free-running proved nothing here"
 
 
 def test_the_benchmark_separates_right_from_wrong_and_the_adapter_changes_answers(

@@ -7,6 +7,7 @@ real one-node Slurm.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -112,6 +113,13 @@ def test_shard_script_on_cpu_and_merge_script(tmp_path: Path) -> None:
     assert all(s in merge for s in shards)
     assert f"-o '{p.out}'" in merge
     subprocess.run(["bash", "-n"], input=merge, text=True, check=True)
+
+
+def test_plan_round_trip_keeps_the_history(tmp_path: Path) -> None:
+    free = dataclasses.replace(plan(tmp_path), history="model")
+    assert Plan.from_dict(free.as_dict()) == free
+    old = {k: v for k, v in plan(tmp_path).as_dict().items() if k != "history"}
+    assert Plan.from_dict(old).history == "truth"  # submitted before histories existed
 
 
 def test_dependency() -> None:
@@ -400,6 +408,12 @@ def test_submit_dry_run(
     assert not (root / "results").exists()  # nothing written
     assert main([*args, "--gpus-per-shard", "0"]) == 0
     assert "-m pytest --memeval-gpus=cpu" in capsys.readouterr().out
+    # Free-running shards: each runs pytest --memeval-history=model, into the free-running
+    # run directory beside the teacher-forced one.
+    assert main([*args, "--history", "model"]) == 0
+    out = capsys.readouterr().out
+    assert "-m pytest -n 2 --memeval-history=model --ckpt=demo" in out
+    assert f"# {root / 'results' / 'demo@history-model'}/slurm/shards.sbatch" in out
 
 
 def test_submit_refusals(

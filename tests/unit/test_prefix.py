@@ -14,7 +14,13 @@ from transformers import AutoTokenizer
 from pytest_memeval.core.benchmark import from_records
 from pytest_memeval.model import prefix
 from pytest_memeval.model.prefix import proven_scenario_prompts
-from pytest_memeval.model.prompts import _encode, render, scenario_prompts
+from pytest_memeval.model.prompts import (
+    _encode,
+    free_running_prompt,
+    history_scenario,
+    render,
+    scenario_prompts,
+)
 
 from ..conftest import BASE_MODEL, demo_records
 
@@ -41,6 +47,27 @@ def test_proven_ids_are_the_tokenised_prompts(tokenizer: Any, variant: str) -> N
         # The demo template's prompts end with <|assistant|>: all but the last (tokenised
         # in full as the guard) are proven.
         assert proven == len(prompts) - 1
+
+
+def test_some_turns_only_and_the_free_running_prompts(tokenizer: Any) -> None:
+    """A free-running round asks for the prompts of a few turns: the same ids as all of
+    them give; and the conversation as the model made it so far (``history_scenario``) has
+    the free-running prompt of each later turn as its teacher-forced prompt."""
+    scenario = from_records(demo_records("oracle", 1), "oracle").scenarios[0]
+    every, full, _ = proven_scenario_prompts(tokenizer, scenario)
+    some, same_full, _ = proven_scenario_prompts(tokenizer, scenario, [2, 3, 5])
+    assert some == [every[2], every[3], every[5]] and same_full == full
+    outputs = ["pick cup from table", "close fridge"]
+    variant = history_scenario(scenario, outputs)
+    later, _, _ = proven_scenario_prompts(tokenizer, variant, [2, 3])
+    for turn, prompt in zip((2, 3), later, strict=True):
+        assert prompt == free_running_prompt(tokenizer, scenario, outputs, turn)
+    assert free_running_prompt(tokenizer, scenario, [], 0) == every[0]
+    assert later[0] != every[2]  # the history differs: so do the prompts
+    # Cut after the turn a round needs last: the same prompts, a shorter conversation.
+    short = history_scenario(scenario, outputs, through=3)
+    assert proven_scenario_prompts(tokenizer, short, [2, 3])[0] == later
+    assert len(short.assistant_indices) == 4 and short.messages[-1]["role"] == "assistant"
 
 
 def test_a_prompt_not_ending_on_an_added_token_is_tokenised(tokenizer: Any) -> None:

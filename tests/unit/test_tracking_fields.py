@@ -220,3 +220,27 @@ def test_suite_properties_go_first_into_the_file_pytest_wrote(tmp_path: Path) ->
     suite = ET.parse(path).getroot().find("testsuite")
     assert suite is not None
     assert [p.get("name") for p in suite.iter("property")] == ["ARCH", "memeval.n"]
+
+
+def test_the_history_is_a_parameter_and_departures_are_metrics(tmp_path: Path) -> None:
+    """A checkpoint's teacher-forced and free-running runs are two series for a tracker
+    (and for JUnit's ingesters): the history says which; where the scenarios left the truth
+    is logged as metrics."""
+    truth = _finished(tmp_path / "t")
+    assert run_params(truth)["history"] == "truth"  # metrics without the field: teacher-forced
+    free = _finished(tmp_path / "f")
+    free.metrics["history"] = "model"
+    free.metrics["left_truth"] = {
+        "at": {"0": 3, "4": 1},
+        "never": 185,
+        "still_right": {"correct": 6, "total": 8},
+    }
+    assert run_params(free)["history"] == "model"
+    metrics = run_metrics(free.metrics)
+    assert metrics["left_truth_scenarios"] == 4.0 and metrics["left_truth_never"] == 185.0
+    assert metrics["still_right_after"] == 0.75
+    assert metrics["still_right_after_correct"] == 6.0 and metrics["still_right_after_total"] == 8.0
+    # Records written before the facts existed (these) count in neither.
+    assert run_metrics(truth.metrics)["left_truth_scenarios"] == 0.0
+    assert ("memeval.history", "model") in suite_properties(free)
+    assert ("memeval.history", "truth") in suite_properties(truth)

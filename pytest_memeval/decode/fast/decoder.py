@@ -7,7 +7,8 @@ not hold for go to the reference path), run through forward passes in length-sor
 (``forward.py``), the first of which is also measured against the reference call
 (``calibration.py``); the turns the forward passes do not settle are pooled over
 consecutive batches and settled by the verification rounds (``verify.py``), then by
-``generate`` (``generate.py``).
+``generate`` (``generate.py``). Free-running (``history="model"``), the same stages run in
+rounds over the conversation as the model has made it so far (``history.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pytest_memeval.core.benchmark import Scenario
+from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH, history_name
 from pytest_memeval.decode._types import Rollout, TurnOutput
 from pytest_memeval.decode.batches import length_batches
 from pytest_memeval.decode.fast.answers import AnswerIndex
@@ -30,10 +32,12 @@ from pytest_memeval.decode.fast.forward import (
     ForwardDecisions,
     ForwardPass,
     ForwardStage,
+    PendingTurn,
     ProvenOutputs,
     forward_attention_for,
 )
 from pytest_memeval.decode.fast.generate import Generator
+from pytest_memeval.decode.fast.history import FreeRunner
 from pytest_memeval.decode.fast.plan import Planner, ReferenceOnly, ScenarioPlan
 from pytest_memeval.decode.fast.shared import Shared
 from pytest_memeval.decode.fast.verify import Verifier
@@ -107,7 +111,9 @@ class FastDecoder:
     calibration then, unless ``calibrate=True``); ``calibrate=False``: the fixed defaults
     (``bounds.MARGINS``). ``forward_attention``: the attention implementation of the forward
     passes (``"auto"``: ``forward.FORWARD_ATTENTION``; ``None``: the one the model was loaded
-    with); ``generate`` always runs with the model's own.
+    with); ``generate`` always runs with the model's own. ``history``: ``truth``
+    (teacher-forced, the default) or ``model`` (free-running: each turn's prompt holds the
+    decoder's own earlier outputs; ``history.py``).
     """
 
     path = "fast"
@@ -123,6 +129,7 @@ class FastDecoder:
         calibrate: bool | None = None,
         calibration_turns: int = CALIBRATION_TURNS,
         forward_attention: str | None = "auto",
+        history: str = HISTORY_TRUTH,
     ) -> None:
         device_type = str(loaded.device).split(":")[0]
         if batch_size is None:
@@ -130,6 +137,7 @@ class FastDecoder:
         if batch_size < 1 or max_batch_tokens < 1 or max_new_tokens < 1:
             raise ValueError("batch_size, max_batch_tokens and max_new_tokens must be >= 1")
         self.loaded = loaded
+        self.history = history_name(history, "history")
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
@@ -167,6 +175,7 @@ class FastDecoder:
         self.calibrator = Calibrator(
             shared, turns=self.calibration_turns, generator=self.generator, verifier=self.verifier
         )
+        self.free_runner = FreeRunner(shared, self)
 
     # -- Decoder protocol --------------------------------------------------------------------
 
@@ -192,15 +201,18 @@ class FastDecoder:
     # -- decoding ----------------------------------------------------------------------------
 
     def decode(self, scenarios: Sequence[Scenario]) -> list[Rollout]:
-        """Rollouts of ``scenarios`` (in their order): plan -> forward -> verify -> generate."""
+        """Rollouts of ``scenarios`` (in their order): plan -> forward -> verify -> generate
+        (free-running: in rounds, ``history.py``)."""
+        if self.history == HISTORY_MODEL:
+            return self.free_runner.decode(scenarios)
         results: dict[int, Rollout] = {}
         planned = self._plan(scenarios, results)
         # The turns the forward passes leave pending are pooled over consecutive batches and
         # settled together: a generate step costs about the same for 4 rows as for 64.
         pool = _Pool()
         for batch in self._forward_batches(planned):
-            pool.add(batch, self._forward([p.plan for p in batch]))
-            if pool.turns >= self.generator.rows_per_call or pool.tokens >= self.max_batch_tokens:
+            pool.add(batch, self.forward_batch([p.plan for p in batch]))
+            if self.pool_full(pool.turns, pool.tokens):
                 self._settle(pool.take(), results)
         self._settle(pool.take(), results)
         return [results[i] for i in range(len(scenarios))]
@@ -220,11 +232,20 @@ class FastDecoder:
 
     def _forward_batches(self, planned: list[_Planned]) -> list[list[_Planned]]:
         """Forward passes of similar lengths, longest first (:func:`~.batches.length_batches`)."""
-        lengths = [len(p.plan.full) for p in planned]
-        groups = length_batches(lengths, self.batch_size, self.max_batch_tokens)
+        groups = self.batch_groups([len(p.plan.full) for p in planned])
         return [[planned[i] for i in group] for group in groups]
 
-    def _forward(self, plans: list[ScenarioPlan]) -> ForwardDecisions:
+    def batch_groups(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices of ``lengths`` in forward passes (:func:`~.batches.length_batches`)."""
+        return length_batches(lengths, self.batch_size, self.max_batch_tokens)
+
+    def pool_full(self, pending: int, tokens: int) -> bool:
+        """Whether ``pending`` turns held over passes of ``tokens`` padded tokens are settled
+        now: a generate step costs about the same for 4 rows as for 64, so fewer, fuller
+        calls, within the rows of one call and the token budget the caches may hold."""
+        return pending >= self.generator.rows_per_call or tokens >= self.max_batch_tokens
+
+    def forward_batch(self, plans: list[ScenarioPlan]) -> ForwardDecisions:
         """One forward pass, measured against the reference first when a calibration is
         due (the bounds its decisions are read with come from it)."""
         passed = self.forward.run(plans)
@@ -235,21 +256,28 @@ class FastDecoder:
     def _settle(self, pool: list[_HeldBatch], results: dict[int, Rollout]) -> None:
         """Settle the pooled turns (verification rounds, then ``generate`` for the rest),
         then complete the rollouts of the pooled batches."""
-        for held in pool:
-            self.answers.learn(t.expected for p in held.planned for t in p.plan.turns)
+        plans = [p.plan for held in pool for p in held.planned]
         pending = [item for held in pool for item in held.decided.pending]
-        self.stats.generated += len(pending)
-        self.stats.draft_tokens += sum(len(p.draft) for p in pending)
-        settled = self.verifier.settle(pending)
-        rest = [p for p, out in zip(pending, settled, strict=True) if out is None]
-        generated = iter(self.generator.generate(rest))
-        outcomes = iter([out if out is not None else next(generated) for out in settled])
+        outcomes = iter(self.settle_turns(plans, pending))
         for held in pool:
             outputs = held.decided.outputs
             for item in held.decided.pending:
                 outputs[item.row][item.turn_no] = next(outcomes)
             for planned, row in zip(held.planned, outputs, strict=True):
                 results[planned.position] = self._rollout(planned.plan, row, len(held.planned))
+
+    def settle_turns(
+        self, plans: Sequence[ScenarioPlan], pending: Sequence[PendingTurn]
+    ) -> list[TurnOutput]:
+        """Each of ``pending``'s output: the verification rounds (guessing from the answers
+        of ``plans``), then ``generate`` for the rest."""
+        self.answers.learn(t.expected for plan in plans for t in plan.turns)
+        self.stats.generated += len(pending)
+        self.stats.draft_tokens += sum(len(p.draft) for p in pending)
+        settled = self.verifier.settle(pending)
+        rest = [p for p, out in zip(pending, settled, strict=True) if out is None]
+        generated = iter(self.generator.generate(rest))
+        return [out if out is not None else next(generated) for out in settled]
 
     def _rollout(self, plan: ScenarioPlan, row: list[TurnOutput | None], batch: int) -> Rollout:
         done = tuple(o for o in row if o is not None)

@@ -156,10 +156,12 @@ class ForwardPass:
 @dataclass(frozen=True)
 class ForwardDecisions:
     """What a forward pass decided: per row and turn the output where it proved it
-    (``None`` elsewhere), and the turns left pending."""
+    (``None`` elsewhere), and the turns left pending; the pass's cache (row ``r`` holds its
+    plan's ``full`` from column 0; a free-running round continues from it, ``history.py``)."""
 
     outputs: list[list[TurnOutput | None]]
     pending: list[PendingTurn]
+    cache: KVCache | None = None
 
 
 class ForwardStage(Stage):
@@ -223,7 +225,7 @@ class ForwardStage(Stage):
             checks = passed.checks.row(row)
             for n, turn in enumerate(plan.turns):
                 self.stats.turns += 1
-                decided = self._teacher_forced(turn, checks, passed.column)
+                decided = self.teacher_forced(turn, checks, passed.column)
                 if isinstance(decided, TurnOutput):
                     outputs[row][n] = decided
                     continue
@@ -233,12 +235,17 @@ class ForwardStage(Stage):
                         passed.cache, row, 0, len(turn.prompt.ids) + len(decided) - 1
                     )
                 pending.append(PendingTurn(row, n, turn, decided, context))
-        return ForwardDecisions(outputs, pending)
+        return ForwardDecisions(outputs, pending, passed.cache)
 
-    def _teacher_forced(
-        self, turn: TurnPlan, checks: Checks, column: Mapping[int, int]
+    def teacher_forced(
+        self, turn: TurnPlan, checks: Checks, column: Mapping[int, int], *, cached: bool = False
     ) -> TurnOutput | tuple[int, ...]:
-        """The turn's output if the pass proves what greedy decoding yields; else its draft."""
+        """The turn's output if the pass proves what greedy decoding yields; else its draft.
+
+        ``cached``: the logits come from a cached continuation (a cut pass, as the
+        verification pass computes: a free-running round, ``history.py``), whose decisions
+        are read with the ``verify`` bound; else from this stage's forward pass (``first``
+        for an answer's first token, ``step`` after it)."""
         if not turn.expected:
             self.stats.generated_no_truth += 1
             return ()
@@ -247,7 +254,7 @@ class ForwardStage(Stage):
         for j, want in enumerate(turn.expected):
             col = column[start - 1 + j]
             got = checks.best[col]
-            kind: Kind = "first" if j == 0 else "step"
+            kind: Kind = "verify" if cached else ("first" if j == 0 else "step")
             if not self.bounds.trusted(kind, checks.margin[col], checks.top[col]):
                 self.stats.generated_near_tie += 1
                 return tuple(produced)

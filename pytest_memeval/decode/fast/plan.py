@@ -122,12 +122,17 @@ class Planner(Stage):
         #: the model's generation settings that change greedy decisions (none: the fast path)
         self.unsafe = unsafe_generation_settings(getattr(model, "generation_config", None))
 
-    def plan(self, scenario: Scenario) -> ScenarioPlan | ReferenceOnly:
-        """The scenario's teacher-forced plan, or why the fast path cannot hold for it."""
+    def plan(
+        self, scenario: Scenario, turns: Sequence[int] | None = None
+    ) -> ScenarioPlan | ReferenceOnly:
+        """The scenario's teacher-forced plan, or why the fast path cannot hold for it.
+
+        ``turns``: plan only the assistant messages with these numbers (0-based, in order;
+        a free-running round, ``history.py``); the plan's ``turns`` are then theirs."""
         started = time.perf_counter()
         # The same ids as ``prompts.scenario_prompts``; most prompts' ids are proven to be
         # the conversation's prefix without tokenising them (see ``model/prefix.py``).
-        prompts, full, proven = proven_scenario_prompts(self.loaded.tokenizer, scenario)
+        prompts, full, proven = proven_scenario_prompts(self.loaded.tokenizer, scenario, turns)
         self.stats.prompts_proven += proven
         self.seconds.prompts += time.perf_counter() - started
         if self.unsafe:
@@ -137,8 +142,9 @@ class Planner(Stage):
                 + ", ".join(self.unsafe)
                 + "); decoded with the reference path",
             )
-        for n, prompt in enumerate(prompts):
+        for prompt in prompts:
             if tuple(full[: len(prompt.ids)]) != prompt.ids:
+                n = scenario.assistant_indices.index(prompt.message_index)
                 return ReferenceOnly(
                     prompts,
                     f"fast path off: the prompt of assistant message {n + 1} "
@@ -146,7 +152,7 @@ class Planner(Stage):
                     "whole conversation (the chat template renders history differently "
                     "from a generation prompt); decoded with the reference path",
                 )
-        turns = tuple(
+        planned = tuple(
             expected_tokens(full, prompt, self.stop, self.max_new_tokens) for prompt in prompts
         )
-        return ScenarioPlan(scenario, full, turns)
+        return ScenarioPlan(scenario, full, planned)

@@ -71,6 +71,16 @@ class DecodeStats:
     generated_without_cache: int = 0
     generated_reference_rerun: int = 0
 
+    # -- free-running (history.py) -----------------------------------------------------------
+    #: rounds: passes over the conversations as the model had made them so far
+    free_running_rounds: int = 0
+    #: turns accepted (their prompts were the free-running ones), and turns planned in a
+    #: round that its scenario did not reach (it left the truth before them)
+    free_running_turns: int = 0
+    free_running_unused: int = 0
+    #: rounds' passes that continued from a cached prefix (the others ran from the start)
+    free_running_cached_passes: int = 0
+
     @property
     def handed_to_reference(self) -> int:
         """Turns whose output the fast path took from the reference call itself."""

@@ -6,7 +6,8 @@ any other tracker a team plugs into ``pytest_memeval_run_finished`` log the same
 
 * **parameters** (:func:`run_params`): what was evaluated and how: the profile, the model and
   adapter directories with their fingerprints, the benchmark and its fingerprint, the
-  command-line overrides, the decoding settings;
+  command-line overrides, the decoding settings, the history (``truth``: teacher-forced;
+  ``model``: free-running);
 * **metrics** (:func:`run_metrics`): m1 and m2 with their 95% interval bounds and counts, the
   unaligned and unparseable counts, the timing, and per slice (tag) its n, m1 and m2;
 * **tags** (:func:`run_tags`): complete or not, the gate's verdict, the exit status, the git
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from pytest_memeval.core.history import history_of
 from pytest_memeval.core.records import Metrics, RateBlock
 from pytest_memeval.core.rundir import JOURNAL, METRICS, PREDICTIONS
 from pytest_memeval.tools.compare import CompareError
@@ -76,9 +78,8 @@ def run_params(run: FinishedRun) -> dict[str, str]:
     for key, entry in sorted((m.get("overrides") or {}).items()):
         value = entry.get("value") if isinstance(entry, Mapping) else entry
         params[f"override.{key}"] = str(value)
-    # -- history mode: issue 23 (free-running evaluation: the model's own turns as history)
-    # adds the run's history mode here, e.g. params["history"] = "teacher-forced" or
-    # "free-running", read from the metrics/profile field that issue defines. --
+    # Teacher-forced and free-running runs of one checkpoint must not read as one series.
+    params["history"] = history_of(m)
     return {key: _cut(value) for key, value in params.items()}
 
 
@@ -113,6 +114,22 @@ def run_metrics(metrics: Metrics) -> dict[str, float]:
         out[f"{name}/n"] = float(block["n"])
         out.update(rate_metrics(f"{name}/m1", block["m1"]))
         out.update(rate_metrics(f"{name}/m2", block["m2"]))
+    left = metrics.get("left_truth")
+    if left is not None:
+        # Where the scenarios first left the truth (the error propagation of free-running).
+        out["left_truth_scenarios"] = float(sum(left["at"].values()))
+        out["left_truth_never"] = float(left["never"])
+        still = left["still_right"]
+        out.update(
+            rate_metrics(
+                "still_right_after",
+                {
+                    "correct": still["correct"],
+                    "total": still["total"],
+                    "rate": still["correct"] / still["total"] if still["total"] else None,
+                },
+            )
+        )
     return out
 
 
