@@ -43,6 +43,7 @@ def _rows(pytester: pytest.Pytester, name: str) -> list[dict[str, object]]:
     return rows
 
 
+@pytest.mark.slow
 def test_pending_items_and_controller_under_real_xdist(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_many=TESTS)
@@ -66,6 +67,7 @@ def test_pending_items_and_controller_under_real_xdist(pytester: pytest.Pytester
     assert seen_pending > 0  # the queue was read, not silently empty
 
 
+@pytest.mark.slow
 def test_pending_items_without_xdist_are_none(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_many=TESTS)

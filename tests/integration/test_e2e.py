@@ -126,6 +126,7 @@ def test_subset_runs_say_so_and_replay_rescores(memeval_project: MemevalProject)
     assert again["decoding"]["path"] == "replay"
 
 
+@pytest.mark.slow
 def test_replay_applies_a_new_matching_rule(memeval_project: MemevalProject) -> None:
     memeval_project.write(
         demo_records("baseline", 2),

@@ -56,6 +56,7 @@ def reference_outputs(
     return _outputs([reference.rollout(s) for s in scenarios])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("batch_size", "forward_attention"), [(3, "auto"), (5, None), (11, "auto")]
 )
@@ -81,6 +82,7 @@ def test_odd_batches_give_the_reference_rollouts(
     assert max(fast.bounds.disagreement("first").absolute) < fast.bounds.absolute["first"] / 10
 
 
+@pytest.mark.slow
 def test_forward_passes_run_causal_sdpa_and_generate_keeps_the_models_attention(
     oracle: LoadedModel, scenarios: list[Scenario]
 ) -> None:

@@ -17,6 +17,9 @@ from ..conftest import ADAPTERS, BASE_MODEL, demo_records
 
 MAX_NEW = 16
 
+# Slow: every test decodes the demo model on both paths, several dtypes.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def base_only() -> Iterator[LoadedModel]:

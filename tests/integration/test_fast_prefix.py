@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pytest
+
 from pytest_memeval.core.benchmark import from_records
 from pytest_memeval.decode.fast import FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
@@ -17,6 +19,7 @@ from ..conftest import ADAPTERS, BASE_MODEL, demo_records
 MAX_NEW = 16
 
 
+@pytest.mark.slow
 def test_unproven_prompt_that_is_no_token_prefix_goes_to_the_reference_path() -> None:
     import torch
 
@@ -46,6 +49,7 @@ def test_unproven_prompt_that_is_no_token_prefix_goes_to_the_reference_path() ->
         ]
 
 
+@pytest.mark.slow
 def test_proven_prompts_decode_as_the_reference_does() -> None:
     """On the demo template every prompt but each scenario's last is proven, and the fast
     path's outputs are the reference path's."""

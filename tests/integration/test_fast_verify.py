@@ -26,6 +26,9 @@ from ..families import CHECKPOINTS, FAMILIES, family_records
 MAX_NEW = 16
 Outputs = list[list[tuple[str, bool | None]]]
 
+# Slow: every test decodes the demo model on both paths, several dtypes.
+pytestmark = pytest.mark.slow
+
 
 def _outputs(rollouts: Sequence[Rollout]) -> Outputs:
     return [[(o.text, o.stopped) for o in r.outputs] for r in rollouts]

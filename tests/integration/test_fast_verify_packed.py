@@ -72,6 +72,7 @@ def test_turns_packed_in_one_row_see_only_their_own_prompt(demo: LoadedModel) ->
     assert cache.layers[0].keys.shape[-2] == len(full)
 
 
+@pytest.mark.slow
 def test_one_scenario_per_pass_many_turns_per_row_equal_the_reference(
     demo: LoadedModel,
 ) -> None:
@@ -85,6 +86,7 @@ def test_one_scenario_per_pass_many_turns_per_row_equal_the_reference(
     assert fast.stats.verified > fast.stats.verify_packed_passes
 
 
+@pytest.mark.slow
 def test_generate_continues_from_a_draft_a_packed_pass_grew(
     demo: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -47,6 +47,7 @@ def _crafted(project: MemevalProject, n: int = 4) -> list[dict[str, Any]]:
     return recs
 
 
+@pytest.mark.slow
 @XDIST
 def test_free_running_run_goes_beside_the_teacher_forced_one(
     memeval_project: MemevalProject, xdist: tuple[str, ...], capsys: pytest.CaptureFixture[str]
@@ -109,6 +110,7 @@ def test_free_running_run_goes_beside_the_teacher_forced_one(
     assert [r["id"] for r in records] == [r["id"] for r in recs]
 
 
+@pytest.mark.slow
 def test_ini_key_and_bad_values(memeval_project: MemevalProject) -> None:
     _crafted(memeval_project, n=2)
     toml = memeval_project.path / "pyproject.toml"
@@ -142,6 +144,7 @@ def test_ini_key_and_bad_values(memeval_project: MemevalProject) -> None:
     wrong.stderr.fnmatch_lines(["*--memeval-history: invalid choice: 'own'*"])
 
 
+@pytest.mark.slow
 @XDIST
 def test_replay_of_free_running_predictions_needs_the_history_said(
     memeval_project: MemevalProject, xdist: tuple[str, ...]
@@ -178,6 +181,7 @@ def test_replay_of_free_running_predictions_needs_the_history_said(
     assert memeval_project.metrics("replay@history-model")["history"] == "model"
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_journal_of_the_other_history(memeval_project: MemevalProject) -> None:
     recs = _crafted(memeval_project)
     out = memeval_project.path / "one-dir"
@@ -200,6 +204,7 @@ def test_resume_refuses_a_journal_of_the_other_history(memeval_project: MemevalP
     )
 
 
+@pytest.mark.slow
 def test_gate_baseline_of_the_other_history_is_refused(memeval_project: MemevalProject) -> None:
     recs = _crafted(memeval_project, n=2)
     free = write_run(
@@ -244,6 +249,7 @@ def pytest_memeval_make_decoder(config, profile, path, device):
 """
 
 
+@pytest.mark.slow
 @XDIST
 def test_a_decoder_that_ignores_the_history_is_caught(
     memeval_project: MemevalProject, xdist: tuple[str, ...]

@@ -95,6 +95,7 @@ def _suite_expected(metrics: dict[str, Any], run_dir: Path) -> dict[str, str]:
     ],
     ids=["n0-xunit1", "n2-xunit1", "n2-legacy"],
 )
+@pytest.mark.slow
 def test_xunit1_testcases_carry_scenario_prediction_and_truth(
     crafted: tuple[MemevalProject, list[dict[str, Any]]], workers: list[str], family: str
 ) -> None:
@@ -137,6 +138,7 @@ def test_xunit1_testcases_carry_scenario_prediction_and_truth(
             assert "memeval.prediction" not in turns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workers", [[], pytest.param(["-n", "2"], marks=pytest.mark.slow)], ids=["n0", "n2"]
 )

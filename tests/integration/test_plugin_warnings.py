@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.mark.slow
 def test_a_plain_run_has_no_plugin_warning(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user="def test_ok():\n    assert 1 + 1 == 2\n")
     result = pytester.runpytest_subprocess("-W", "error::pytest.PytestAssertRewriteWarning", "-q")
@@ -19,6 +20,7 @@ def test_a_plain_run_has_no_plugin_warning(pytester: pytest.Pytester) -> None:
     assert result.parseoutcomes() == {"passed": 1}
 
 
+@pytest.mark.slow
 def test_every_listed_plugin_module_is_registered(pytester: pytest.Pytester) -> None:
     from pytest_memeval import plugin
 

@@ -49,6 +49,7 @@ def held_project(memeval_project: MemevalProject) -> Iterator[MemevalProject]:
         holder.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workers", [pytest.param([], id="no-xdist"), pytest.param(["-n", "2"], id="n2", marks=SLOW)]
 )
@@ -65,6 +66,7 @@ def test_a_session_without_eval_items_runs_beside_a_held_run(
     assert sorted(p.name for p in top.iterdir()) == [LOCK_NAME]  # nothing written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workers", [pytest.param([], id="no-xdist"), pytest.param(["-n", "2"], id="n2", marks=SLOW)]
 )

@@ -15,6 +15,9 @@ from pytest_memeval.tools.cli import main
 from ..conftest import MemevalProject, demo_records
 from ..runfactory import content, make_record, write_crafted, write_run
 
+# Slow: every test decodes the demo model on both paths, several dtypes.
+pytestmark = pytest.mark.slow
+
 
 def _tagged_records() -> list[dict[str, Any]]:
     """6 demo scenarios: the first 3 'query:door', the last 3 'query:where'; 2 'hard'."""

@@ -41,6 +41,7 @@ def _baseline(tmp_path: Path, recs: list[dict[str, Any]]) -> Path:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workers", [[], pytest.param(["-n", "2"], marks=pytest.mark.slow)], ids=["n0", "n2"]
 )
