@@ -43,6 +43,14 @@ def _rows(pytester: pytest.Pytester, name: str) -> list[dict[str, object]]:
     return rows
 
 
+@pytest.fixture(autouse=True)
+def _outside_any_outer_xdist(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs below name their processes from ``PYTEST_XDIST_WORKER``: when this suite
+    itself runs under ``-n 2``, the outer worker's variables must not reach them."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.mark.slow
 def test_pending_items_and_controller_under_real_xdist(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST)
