@@ -277,6 +277,7 @@ FAST_MODULES = (
     "verify",
     "generate",
     "calibration",
+    "stored",
     "decoder",
 )
 #: "a stage is a file a newcomer can read top to bottom" (docs/architecture.md)
