@@ -13,6 +13,11 @@ conversation (no generation, no cache, one scenario per call, the fast path's at
 implementation), and the fast path's time as a multiple of it: what no decoding that reads
 every token can beat on this machine.
 
+The fast path's calibration comes from the cache directory when a run (or an earlier bench)
+of the same model and setting stored one (``decode/fast/stored.py``), else it is measured and
+stored; a ``calibration:`` line says which, and the fast time apart from the calibration
+follows (``--recalibrate`` measures it again).
+
 Exit status: 0 when every prediction is identical, 1 when any differs, 2 on bad input.
 Timing is wall-clock on whatever else the machine is doing: run it on a quiet machine, and
 pin ``--threads`` so that both paths get the same CPU.
