@@ -22,7 +22,7 @@ from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_histo
 from pytest_memeval.core.ids import param_id
 from pytest_memeval.core.profiles import Profile, ProfileError, describe_overrides
 from pytest_memeval.core.sharding import describe_shard
-from pytest_memeval.decode import make_model_decoder
+from pytest_memeval.decode import CalibrationStore, make_model_decoder
 from pytest_memeval.decode.replay import ReplayDecoder
 from pytest_memeval.model.checks import CheckpointError
 from pytest_memeval.model.loading import load_model
@@ -209,6 +209,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "their intervals (metrics.json and the HTML report always have them). Default: "
         "memeval_slices ini.",
     )
+    group.addoption(
+        "--memeval-recalibrate",
+        dest="memeval_recalibrate",
+        action="store_true",
+        default=None,
+        help="measure the fast path's calibration again instead of reusing the one stored in "
+        "the cache directory (once per run: the run's other workers reuse what it measured); "
+        "the new one replaces the stored one. Default: memeval_recalibrate ini.",
+    )
     parser.addini(
         "memeval_profiles",
         "TOML file holding [tool.memeval.ckpt.*] profiles (default: pyproject.toml in rootdir)",
@@ -229,6 +238,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "memeval_allow_overlong",
         "evaluate (and flag) scenarios longer than the model's context instead of refusing",
+        type="bool",
+        default=False,
+    )
+    parser.addini(
+        "memeval_recalibrate",
+        "measure the fast path's calibration again on every run (never reuse a stored one)",
         type="bool",
         default=False,
     )
@@ -357,7 +372,24 @@ def default_decoder(
         attn_implementation=settings.attn_implementation,
         device=device,
     )
-    return make_model_decoder(path, loaded, settings.max_new_tokens, history)
+    return make_model_decoder(
+        path, loaded, settings.max_new_tokens, history, calibration_store(config)
+    )
+
+
+def calibration_store(config: pytest.Config) -> CalibrationStore | None:
+    """Where the fast path keeps its calibration between runs and workers: the run's cache
+    directory, keyed by the model's fingerprints (``decode/fast/stored.py``)."""
+    state = config.stash[STATE_KEY]
+    if state.cache_dir is None:
+        return None
+    weights = ("model", "adapter", "tokenizer")
+    return CalibrationStore(
+        state.cache_dir,
+        {k: v for k, v in state.fingerprints.items() if k in weights},
+        run=state.run_id,
+        fresh=state.recalibrate,
+    )
 
 
 @pytest.hookimpl(trylast=True)

@@ -13,6 +13,7 @@ One folder per kind of entry (:data:`KINDS`)::
 
     <cache>/gguf/<sha256 of the .gguf file>/   safetensors conversion of a GGUF checkpoint
     <cache>/downloads/<package>-<version>/     files fetched from a package registry
+    <cache>/calibration/<sha256 of its key>.json  the fast decoder's measured calibration
 
 Every entry is produced once, by :func:`produce_once`: the producer holds ``<entry>.lock``
 (an exclusive ``flock``: a second process, an xdist worker or a concurrent run, waits for it
@@ -49,7 +50,7 @@ __all__ = [
 APP_NAME = "pytest-memeval"
 ENV_VAR = "MEMEVAL_CACHE_DIR"
 #: The kinds of entries, one folder each (docs: README, "The cache directory").
-KINDS = ("gguf", "downloads")
+KINDS = ("gguf", "downloads", "calibration")
 
 _TMP_MARK = ".tmp-"
 
@@ -124,6 +125,7 @@ def produce_once(
     build: Callable[[Path], None],
     *,
     on_wait: Callable[[], None] | None = None,
+    accept: Callable[[Path], bool] | None = None,
 ) -> bool:
     """Make ``target`` (a file or a directory) exist, built by ``build`` at most once.
 
@@ -133,12 +135,20 @@ def produce_once(
     another process holds the entry's lock (it is building the same entry): this call then
     waits for it and uses its result. An exception from ``build`` propagates, and nothing of
     that attempt is left behind.
+
+    ``accept(target)``, when given, decides whether an entry already there is usable (e.g.
+    it parses and is what was asked for); one it rejects is built again, under the lock, so
+    that two processes finding the same bad entry replace it once, not once each.
     """
-    if target.exists():
+
+    def usable() -> bool:
+        return target.exists() and (accept is None or accept(target))
+
+    if usable():
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.with_name(target.name + ".lock"), on_wait):
-        if target.exists():  # built by the process we waited for
+        if usable():  # built by the process we waited for
             return False
         # Holding the lock, nobody else builds this entry: any temporary sibling of it is
         # what a killed producer left.
@@ -150,6 +160,10 @@ def produce_once(
             if not tmp.exists():
                 raise RuntimeError(f"building {target} created nothing at {tmp}")
             _sync_tree(tmp)
+            if target.is_dir() and not target.is_symlink():
+                # A rejected directory entry (``accept``): rename cannot replace a non-empty
+                # directory. A rejected file is replaced by the rename itself, atomically.
+                _remove(target)
             try:
                 os.rename(tmp, target)
             except OSError:

@@ -12,18 +12,23 @@ from __future__ import annotations
 
 from pytest_memeval.core.history import HISTORY_TRUTH
 from pytest_memeval.decode._types import Decoder, Rollout, TurnOutput
-from pytest_memeval.decode.fast import FastDecoder
+from pytest_memeval.decode.fast import CalibrationStore, FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel
 
-__all__ = ["Decoder", "Rollout", "TurnOutput", "make_model_decoder"]
+__all__ = ["CalibrationStore", "Decoder", "Rollout", "TurnOutput", "make_model_decoder"]
 
 
 def make_model_decoder(
-    path: str, loaded: LoadedModel, max_new_tokens: int, history: str = HISTORY_TRUTH
+    path: str,
+    loaded: LoadedModel,
+    max_new_tokens: int,
+    history: str = HISTORY_TRUTH,
+    store: CalibrationStore | None = None,
 ) -> Decoder:
     """The decoder for ``path`` (``fast`` or ``reference``) over a loaded checkpoint, with
-    ``history`` ``truth`` (teacher-forced) or ``model`` (free-running)."""
+    ``history`` ``truth`` (teacher-forced) or ``model`` (free-running); the fast one keeps its
+    calibration in ``store`` (see ``decode/fast/stored.py``)."""
     if path == "fast":
-        return FastDecoder(loaded, max_new_tokens, history=history)
+        return FastDecoder(loaded, max_new_tokens, history=history, store=store)
     return ReferenceDecoder(loaded, max_new_tokens, history=history)

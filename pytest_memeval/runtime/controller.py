@@ -54,6 +54,11 @@ from pytest_memeval.core.runlock import LockHeld, RunLock, describe_holder
 from pytest_memeval.core.sharding import shard_scope
 from pytest_memeval.core.slices import slice_table
 from pytest_memeval.core.stats import interval_words
+from pytest_memeval.runtime.calibration import (
+    CalibrationTally,
+    calibration_report,
+    describe_calibration,
+)
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.progress import Progress, ProgressReporter, interval_from
 from pytest_memeval.runtime.resume import (
@@ -116,7 +121,10 @@ class MemevalController:
                 ResumeSelection(self.resumed.done), "memeval-resume-selection"
             )
         config.pluginmanager.register(_ReleaseRecords(), "memeval-release-records")
+        #: how each process got the fast path's calibration (measured, reused)
+        self.calibrations = CalibrationTally()
         if config.pluginmanager.has_plugin("xdist"):
+            config.pluginmanager.register(self.calibrations, "memeval-calibrations")
             config.pluginmanager.register(_XdistSelection(self), "memeval-xdist-selection")
             config.pluginmanager.register(
                 SchedulerPlugin(state.benchmark.id_map, state.decode_path),
@@ -235,6 +243,9 @@ class MemevalController:
             return
         self._begin()
         self.journal.close()
+        local = self.config.pluginmanager.get_plugin("memeval-worker")
+        if local is not None:  # this process decoded (no xdist): its own calibration
+            self.calibrations.add(calibration_report(local.loaded_decoder))
 
         profile = self.state.profile
         facts = RunFacts(
@@ -261,6 +272,7 @@ class MemevalController:
             },
             benchmark={"source": self.state.benchmark.source},
             wall_s=round(wall, 3),
+            timing=self.calibrations.timing(),
             # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
             overrides=self.state.overrides,
             history=self.state.history,
@@ -515,6 +527,9 @@ def format_summary(m: Metrics) -> str:
             f"throughput: {per_second(per_s)} "
             f"over {timing['wall_s']:.1f} s (decode {m['decoding'].get('path')}{batch})"
         )
+    calibration = describe_calibration(timing.get("calibration"))
+    if calibration:
+        lines.append(calibration)
     return "\n".join(lines)
 
 
@@ -545,6 +560,12 @@ class _XdistSelection:
         wi["memeval_run_dir"] = str(state.run_dir)
         wi["memeval_decode_path"] = state.decode_path
         wi["memeval_history"] = state.history
+        # The calibration store's settings: one cache directory and run id for every worker,
+        # so a worker reuses (waits for) the calibration another worker measures.
+        wi["memeval_fingerprints"] = dict(state.fingerprints)
+        wi["memeval_cache_dir"] = str(state.cache_dir) if state.cache_dir else ""
+        wi["memeval_run_id"] = state.run_id
+        wi["memeval_recalibrate"] = state.recalibrate
         spec = getattr(getattr(node, "gateway", None), "spec", None)
         if spec is not None and getattr(spec, "popen", False) and not getattr(spec, "chdir", None):
             # Same machine, same working directory: the worker must end up with our setup.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -260,10 +261,18 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
     elif wi is not None:
         overlong = dict(wi.get("memeval_overlong", {}))
     fingerprints: dict[str, str | None] = (
-        {"benchmark": benchmark.fingerprint}
+        dict(wi.get("memeval_fingerprints") or {"benchmark": benchmark.fingerprint})
         if wi is not None
         else _fingerprints(profile, benchmark, conversion, history)
     )
+    if wi is not None and wi.get("memeval_cache_dir"):
+        cache, run_id = Path(wi["memeval_cache_dir"]), str(wi.get("memeval_run_id", ""))
+        recalibrate = bool(wi.get("memeval_recalibrate", False))
+    else:
+        cache, run_id = cache_dir(config), uuid.uuid4().hex
+        recalibrate = config.getoption("memeval_recalibrate") or bool(
+            config.getini("memeval_recalibrate")
+        )
     return MemevalState(
         profile=profile,
         benchmark=benchmark,
@@ -277,6 +286,9 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         replay_source=replay_source,
         gguf=conversion.describe() if conversion is not None else None,
         history=history,
+        cache_dir=cache,
+        run_id=run_id,
+        recalibrate=bool(recalibrate),
     )
 
 

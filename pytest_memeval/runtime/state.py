@@ -56,6 +56,12 @@ class MemevalWorkerInput(TypedDict, total=False):
     memeval_inifile: str | None
     #: --memeval-allow-overlong: id -> {"tokens", "limit"} of those past the context (preflight.py)
     memeval_overlong: dict[str, dict[str, int]]
+    #: the fast path's calibration store (decode/fast/stored.py): the cache directory, the
+    #: model's fingerprints, this run's id, and --memeval-recalibrate (calibration_store())
+    memeval_cache_dir: str
+    memeval_fingerprints: dict[str, str | None]
+    memeval_run_id: str
+    memeval_recalibrate: bool
     #: set by xdist itself: the controller's sys.argv (the user's own command line)
     mainargv: list[str]
 
@@ -104,6 +110,12 @@ class MemevalState:
     startup_failure: str | None = None
     #: a GGUF model's conversion, for the report header (model/gguf.py; controller only)
     gguf: str | None = None
+    #: the cache directory (core/cache.py), resolved once on the controller
+    cache_dir: Path | None = None
+    #: this run's id (the controller's; stored with the calibrations it measures)
+    run_id: str = ""
+    #: --memeval-recalibrate / memeval_recalibrate: measure the calibration again (once per run)
+    recalibrate: bool = False
 
     @cached_property
     def scenarios(self) -> dict[str, Scenario]:

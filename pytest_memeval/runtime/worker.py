@@ -23,6 +23,7 @@ from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.history import history_words
 from pytest_memeval.core.records import Record
 from pytest_memeval.core.scoring import score
+from pytest_memeval.runtime.calibration import OUTPUT_KEY, calibration_report
 from pytest_memeval.runtime.devices import device_label, is_out_of_memory, worker_device
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import MemevalState, is_worker, worker_id
@@ -101,6 +102,11 @@ class MemevalWorker:
                 history=self.state.history,
             )
         assert self._decoder is not None
+        return self._decoder
+
+    @property
+    def loaded_decoder(self) -> Decoder | None:
+        """The decoder if this process has built it (``None`` on an xdist controller)."""
         return self._decoder
 
     def decoder(self) -> Decoder:
@@ -254,6 +260,14 @@ class MemevalWorker:
         if rank is None:
             return []
         return self._run_order[rank + 1 : rank + 4 * PREFETCH_SIZE]
+
+    def pytest_sessionfinish(self) -> None:
+        """An xdist worker tells the controller how its decoder got its calibration
+        (``runtime/calibration.py``; plain data in ``workeroutput``)."""
+        output = getattr(self.config, "workeroutput", None)
+        report = calibration_report(self._decoder)
+        if isinstance(output, dict) and report is not None:
+            output[OUTPUT_KEY] = report
 
     def attach(self, item: pytest.Item, record: Record) -> None:
         item.stash[RECORD_KEY] = record

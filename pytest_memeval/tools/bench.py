@@ -13,6 +13,11 @@ conversation (no generation, no cache, one scenario per call, the fast path's at
 implementation), and the fast path's time as a multiple of it: what no decoding that reads
 every token can beat on this machine.
 
+The fast path's calibration comes from the cache directory when a run (or an earlier bench)
+of the same model and setting stored one (``decode/fast/stored.py``), else it is measured and
+stored; a ``calibration:`` line says which, and the fast time apart from the calibration
+follows (``--recalibrate`` measures it again).
+
 Exit status: 0 when every prediction is identical, 1 when any differs, 2 on bad input.
 Timing is wall-clock on whatever else the machine is doing: run it on a quiet machine, and
 pin ``--threads`` so that both paths get the same CPU.
@@ -32,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,14 +54,15 @@ from pytest_memeval.decode import Rollout
 from pytest_memeval.decode.fast import (
     DEFAULT_MAX_BATCH_TOKENS,
     KINDS,
+    CalibrationStore,
     DecodeStats,
     FastDecoder,
     Kind,
     summarize,
 )
 from pytest_memeval.decode.reference import ReferenceDecoder
-from pytest_memeval.model.checks import CheckpointError
-from pytest_memeval.model.gguf import prepare_profile
+from pytest_memeval.model.checks import CheckpointError, fingerprint_dir
+from pytest_memeval.model.gguf import GgufConversion, prepare_profile
 from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.prompts import conversation_ids
 
@@ -155,8 +162,15 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-dir",
         type=Path,
         default=None,
-        help="cache directory, for a GGUF model's conversion (default: $MEMEVAL_CACHE_DIR, "
-        "$XDG_CACHE_HOME/pytest-memeval, ~/.cache/pytest-memeval)",
+        help="cache directory, for a GGUF model's conversion and the fast path's calibration "
+        "(default: $MEMEVAL_CACHE_DIR, $XDG_CACHE_HOME/pytest-memeval, "
+        "~/.cache/pytest-memeval)",
+    )
+    parser.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="measure the fast path's calibration again instead of reusing the one stored in "
+        "the cache directory (the new one replaces it), as pytest's --memeval-recalibrate",
     )
 
 
@@ -303,7 +317,11 @@ class Comparison:
 
 
 def _fast_decoder(
-    loaded: LoadedModel, max_new: int, args: argparse.Namespace, calibrate: bool | None = None
+    loaded: LoadedModel,
+    max_new: int,
+    args: argparse.Namespace,
+    calibrate: bool | None = None,
+    store: CalibrationStore | None = None,
 ) -> FastDecoder:
     """The fast decoder with the command's settings (the decoder's defaults where none)."""
     max_batch_tokens = args.max_batch_tokens
@@ -315,6 +333,41 @@ def _fast_decoder(
         margin=args.margin,
         calibrate=calibrate,
         history=args.history,
+        store=store,
+    )
+
+
+def _store(
+    args: argparse.Namespace, cache: Path, profile: Profile, conversion: GgufConversion | None
+) -> CalibrationStore:
+    """The calibration store a pytest run of ``profile`` uses: same cache directory, keyed by
+    the same fingerprints (a GGUF model's own sha256, else its directory's)."""
+    weights: dict[str, str | None] = {
+        "model": conversion.fingerprint if conversion else fingerprint_dir(profile.model_dir),
+        "adapter": fingerprint_dir(profile.adapter) if profile.adapter else None,
+    }
+    if profile.tokenizer is not None:
+        weights["tokenizer"] = fingerprint_dir(profile.tokenizer)
+    return CalibrationStore(cache, weights, run=uuid.uuid4().hex, fresh=args.recalibrate)
+
+
+def _describe_calibration(fast: FastDecoder, fast_seconds: float, reference: float) -> str:
+    """Whether the calibration was measured or reused, and the fast time apart from it."""
+    outcome = fast.calibration_outcome
+    if outcome is None:
+        return "calibration: none (a fixed margin)" if fast.bounds.fixed else "calibration: none"
+    stored = "not stored" if outcome.entry is None else f"stored in {outcome.entry}"
+    if outcome.source == "measured":
+        how = f"measured now, {outcome.seconds:.2f} s ({outcome.stored.calibration.turns} turns)"
+    else:
+        how = (
+            f"reused (measured {outcome.stored.created}, {outcome.stored.seconds:.2f} s then; "
+            "--recalibrate to measure it again)"
+        )
+    apart = fast_seconds - outcome.seconds
+    return (
+        f"calibration: {how}, {stored}\n"
+        f"fast without calibration: {apart:8.2f} s  ({reference / apart:.1f}x the reference)"
     )
 
 
@@ -324,8 +377,9 @@ def _compare(
     args: argparse.Namespace,
     max_new: int,
     calibrated: FastDecoder | None = None,
+    store: CalibrationStore | None = None,
 ) -> Comparison:
-    fast = _fast_decoder(loaded, max_new, args)
+    fast = _fast_decoder(loaded, max_new, args, store=store)
     if calibrated is not None:
         # The calibration is once per loaded model (a worker calibrates once per run).
         fast.adopt_calibration(calibrated)
@@ -434,7 +488,8 @@ def cli_main(args: argparse.Namespace) -> int:
         scenarios = _scenarios(args, profile)
         # A GGUF model: its safetensors conversion, made once (model/gguf.py).
         cache = resolve_cache_dir(args.cache_dir.resolve() if args.cache_dir else None)
-        profile, _ = prepare_profile(profile, cache, print)
+        profile, conversion = prepare_profile(profile, cache, print)
+        store = _store(args, cache, profile, conversion)
     except (ProfileError, BenchmarkError, CheckpointError, OSError) as exc:
         return _fail(str(exc))
     if args.limit is not None:
@@ -468,7 +523,7 @@ def cli_main(args: argparse.Namespace) -> int:
         f"{args.device}, {torch.get_num_threads()} torch threads; history "
         f"{describe_history(args.history)}"
     )
-    run = _compare(loaded, scenarios, args, max_new)
+    run = _compare(loaded, scenarios, args, max_new, store=store)
     ref, fst, fast, differ = run.reference, run.fast, run.decoder, run.differ
     # Right-aligned as "{:8.2f} scenarios/s" was: the two lines' columns line up.
     print(f"reference: {ref.seconds:8.2f} s  {per_second(ref.per_s(n)):>20}")
@@ -496,10 +551,16 @@ def cli_main(args: argparse.Namespace) -> int:
         f"{seconds.forward:.2f} forward passes, {seconds.verify:.2f} verification passes, "
         f"{seconds.generate:.2f} generate, {seconds.calibration:.2f} calibration"
     )
+    print(_describe_calibration(fast, fst.seconds, ref.seconds))
     floor = _floor(loaded, scenarios, fast.forward_attention)
     print(
         f"floor:     {floor:8.2f} s  one forward pass over every scenario's conversation "
         f"(no generation); fast path {fst.seconds / floor:.1f}x the floor"
+        + (
+            f" ({(fst.seconds - fast.seconds.calibration) / floor:.1f}x without the calibration)"
+            if fast.seconds.calibration
+            else ""
+        )
     )
     if args.device != "cpu" and torch.cuda.is_available() and args.device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**30

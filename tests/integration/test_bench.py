@@ -40,9 +40,17 @@ def test_bench_prints_both_rates_the_growth_table_and_the_verdict(
     assert re.match(r"^fast: .* scenarios/s .*batch \d+, margin", lines[2])
     assert any(re.match(r"^  handed to the reference call: \d+ of \d+ turns \(", x) for x in lines)
     floor = [x for x in lines if x.startswith("floor:")]
-    assert len(floor) == 1 and re.search(r"; fast path \d+\.\dx the floor$", floor[0]), lines
+    assert len(floor) == 1 and re.search(
+        r"; fast path \d+\.\dx the floor( \(\d+\.\dx without the calibration\))?$", floor[0]
+    ), lines
     kinds = [x for x in lines if re.match(r"^    .*: max [\d.e-]+, p99 [\d.e-]+ over \d+ pos", x)]
     assert len(kinds) == 4, lines  # first, step, generate, verify
+    # The calibration: measured now (and stored) or reused from the cache directory, and the
+    # fast time apart from it.
+    assert any(
+        re.match(r"^calibration: (measured now, [\d.]+ s|reused \(measured )", x) for x in lines
+    )
+    assert any(re.match(r"^fast without calibration: +[\d.]+ s", x) for x in lines), lines
     growth = [line for line in lines if re.match(r"^\s+\d+\.\d\s+\d+\s", line)]
     assert len(growth) == 1 and growth[0].rstrip().endswith("yes")
     match = LAST_LINE.match(lines[-1])

@@ -257,10 +257,18 @@ def test_bench_on_a_gguf_profile_converts_it_once_and_prints_the_floor(
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.count("memeval: converting") == 1 and "tiny model.gguf" in out
-    assert re.search(r"^floor: +[\d.]+ s .*; fast path [\d.]+x the floor$", out, re.M), out
+    floor = (
+        r"^floor: +[\d.]+ s .*; fast path [\d.]+x the floor( \([\d.]+x without the calibration\))?$"
+    )
+    assert re.search(floor, out, re.M), out
+    assert re.search(
+        r"^calibration: measured now, .* stored in .*bench cache/calibration/", out, re.M
+    )
     assert out.strip().endswith("predictions identical: yes")
-    assert main(args) == 0  # the conversion is there now
-    assert "memeval: converting" not in capsys.readouterr().out
+    assert main(args) == 0  # the conversion is there now, and the calibration
+    again = capsys.readouterr().out
+    assert "memeval: converting" not in again
+    assert re.search(r"^calibration: reused \(measured ", again, re.M), again
 
 
 @pytest.mark.slow

@@ -277,6 +277,7 @@ FAST_MODULES = (
     "verify",
     "generate",
     "calibration",
+    "stored",
     "history",
     "decoder",
 )

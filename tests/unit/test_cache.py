@@ -140,3 +140,27 @@ def test_a_build_that_creates_nothing_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="created nothing"):
         produce_once(tmp_path / "gguf" / "x", lambda tmp: None)
     assert not (tmp_path / "gguf" / "x").exists()
+
+
+def test_an_entry_accept_rejects_is_built_again_in_place(tmp_path: Path) -> None:
+    target = tmp_path / "calibration" / "k.json"
+    target.parent.mkdir()
+    target.write_text("{half", encoding="utf-8")  # damaged: accept rejects it
+    seen: list[str] = []
+
+    def accept(path: Path) -> bool:
+        seen.append(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8") == "good"
+
+    assert produce_once(target, lambda tmp: tmp.write_text("good"), accept=accept)
+    assert target.read_text(encoding="utf-8") == "good"
+    # Checked before and again under the lock; an accepted entry is left as it is.
+    assert seen == ["{half", "{half"]
+    assert not produce_once(target, lambda tmp: tmp.write_text("other"), accept=accept)
+    assert target.read_text(encoding="utf-8") == "good"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["k.json", "k.json.lock"]
+    # A rejected directory entry is replaced too (rename alone cannot replace a directory).
+    folder = tmp_path / "gguf" / "d"
+    (folder / "old").mkdir(parents=True)
+    assert produce_once(folder, lambda tmp: tmp.mkdir(), accept=lambda p: False)
+    assert folder.is_dir() and not (folder / "old").exists()

@@ -32,6 +32,8 @@ The package is the decoder's stages, one module each, in the order a scenario me
   computations;
 * ``generate.py``: pooled cached ``generate`` for the rest;
 * ``calibration.py``: measuring the fast path's computations against the reference call;
+* ``stored.py``: calibrations kept in the cache directory, measured once per model and
+  setting and reused by later runs and other workers;
 * ``decoder.py``: :class:`FastDecoder`, which runs plan -> forward -> verify -> generate,
   with the calibration as one step;
 
@@ -68,6 +70,13 @@ from pytest_memeval.decode.fast.decoder import (
 from pytest_memeval.decode.fast.generate import GENERATE_LOGITS_BYTES, GENERATE_ROWS
 from pytest_memeval.decode.fast.plan import unsafe_generation_settings
 from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
+from pytest_memeval.decode.fast.stored import (
+    STORE_FORMAT,
+    CalibrationCacheWarning,
+    CalibrationOutcome,
+    CalibrationStore,
+    StoredCalibration,
+)
 
 __all__ = [
     "CALIBRATION_TURNS",
@@ -82,13 +91,18 @@ __all__ = [
     "MIN_MARGINS",
     "PRIOR_ULPS",
     "SAFETY",
+    "STORE_FORMAT",
     "Bounds",
     "Calibration",
+    "CalibrationCacheWarning",
+    "CalibrationOutcome",
+    "CalibrationStore",
     "DecodeStats",
     "Disagreement",
     "FastDecoder",
     "Kind",
     "StageSeconds",
+    "StoredCalibration",
     "calibrated_bound",
     "default_margin",
     "summarize",

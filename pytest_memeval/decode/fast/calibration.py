@@ -14,11 +14,14 @@ on which turns a process happened to calibrate on).
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_memeval.compat import installed_version
 from pytest_memeval.compat.attention import attention_implementation
 from pytest_memeval.decode.fast.bounds import (
     KINDS,
@@ -40,11 +43,37 @@ from pytest_memeval.model.loading import LoadedModel
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CALIBRATION_TURNS", "Calibrator", "PickedTurn", "measurement_setting", "pick_turns"]
+__all__ = [
+    "CALIBRATION_TURNS",
+    "Calibrator",
+    "PickedTurn",
+    "device_name",
+    "measurement_setting",
+    "pick_turns",
+]
 
 #: Turns whose logits the calibration compares with the reference computation (once per
 #: decoder, on its first batch; their outputs are the reference call's).
 CALIBRATION_TURNS = 12
+
+
+def device_name(device: str) -> str:
+    """What the device is, not where: the CPU's model name (``/proc/cpuinfo``, else what
+    :mod:`platform` says) or the accelerator's (``torch.cuda.get_device_name``). Two
+    devices of one name run the same kernels; the index (``cuda:3``) is left out."""
+    kind = device.split(":")[0]
+    if kind == "cuda":
+        import torch  # deferred: a model is loaded by now
+
+        return str(torch.cuda.get_device_name(torch.device(device)))
+    if kind != "cpu":
+        return kind
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown cpu"
 
 
 def measurement_setting(
@@ -54,10 +83,14 @@ def measurement_setting(
     batch_size: int,
     max_batch_tokens: int,
     max_new_tokens: int,
+    turns: int = CALIBRATION_TURNS,
 ) -> dict[str, str | int | None]:
-    """What a measured disagreement depends on besides the weights: dtype, device, the
-    attention implementations, the active adapters, and the batch settings that shape the
-    batched computations measured."""
+    """What a measured disagreement depends on besides the weights: dtype, the kind of
+    device and its name, the CPU threads, the attention implementations, the active
+    adapters, the batch settings that shape the batched computations measured, the number
+    of turns measured, and the versions of the libraries that compute the logits."""
+    import torch  # deferred: a model is loaded by now
+
     model = loaded.model
     adapters = None
     if hasattr(model, "get_base_model"):  # a peft model: which of its adapters is active
@@ -65,15 +98,23 @@ def measurement_setting(
         # has a method of that name that raises without a recent peft: not asked.
         active = getattr(model, "active_adapters", None)
         adapters = ",".join(map(str, active)) if isinstance(active, (list, tuple)) else active
+    device = str(loaded.device)
     return {
         "dtype": loaded.dtype,
-        "device": str(loaded.device),
+        "device": device.split(":")[0],
+        "device_name": device_name(device),
+        # MKL/oneDNN may split a reduction differently over another number of threads
+        "threads": torch.get_num_threads(),
         "attention": attention_implementation(model),
         "forward_attention": forward_attention,
         "adapters": None if adapters is None else str(adapters),
         "batch_size": batch_size,
         "max_batch_tokens": max_batch_tokens,
         "max_new_tokens": max_new_tokens,
+        "calibration_turns": turns,
+        "torch": installed_version("torch"),
+        "transformers": installed_version("transformers"),
+        "peft": installed_version("peft"),
     }
 
 

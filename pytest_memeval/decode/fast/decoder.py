@@ -40,6 +40,7 @@ from pytest_memeval.decode.fast.generate import Generator
 from pytest_memeval.decode.fast.history import FreeRunner
 from pytest_memeval.decode.fast.plan import Planner, ReferenceOnly, ScenarioPlan
 from pytest_memeval.decode.fast.shared import Shared
+from pytest_memeval.decode.fast.stored import CalibrationOutcome, CalibrationStore, Measurement
 from pytest_memeval.decode.fast.verify import Verifier
 from pytest_memeval.decode.reference import prompt_tail, reference_rollout
 from pytest_memeval.model.loading import LoadedModel
@@ -113,7 +114,9 @@ class FastDecoder:
     passes (``"auto"``: ``forward.FORWARD_ATTENTION``; ``None``: the one the model was loaded
     with); ``generate`` always runs with the model's own. ``history``: ``truth``
     (teacher-forced, the default) or ``model`` (free-running: each turn's prompt holds the
-    decoder's own earlier outputs; ``history.py``).
+    decoder's own earlier outputs; ``history.py``). ``store``: where calibrations are kept
+    between runs and workers (``stored.py``): the calibration is taken from it when it holds
+    one of this model and setting, else measured and put there.
     """
 
     path = "fast"
@@ -130,6 +133,7 @@ class FastDecoder:
         calibration_turns: int = CALIBRATION_TURNS,
         forward_attention: str | None = "auto",
         history: str = HISTORY_TRUTH,
+        store: CalibrationStore | None = None,
     ) -> None:
         device_type = str(loaded.device).split(":")[0]
         if batch_size is None:
@@ -152,6 +156,10 @@ class FastDecoder:
         self._calibration_due = (margin is None) if calibrate is None else calibrate
         #: the calibration this decoder measured itself (``None`` until it did)
         self.measured: Calibration | None = None
+        self.store = store
+        #: how the calibration in use came from the store: measured or reused (``None``
+        #: without a store, or until the first forward pass)
+        self.calibration_outcome: CalibrationOutcome | None = None
         #: the attention implementation of the forward passes (``None``: the model's own)
         self.forward_attention = forward_attention_for(loaded, forward_attention)
         self._ready: dict[str, Rollout] = {}
@@ -309,11 +317,22 @@ class FastDecoder:
     def calibrate(self, passed: ForwardPass) -> Calibration:
         """Measure ``passed``'s computations against the reference call and use what was
         measured (done once per decoder, on its first forward pass, unless a calibration
-        was given or a ``margin`` fixed)."""
+        was given or a ``margin`` fixed); with a ``store``, take the stored calibration of
+        this setting instead when there is one, and store what is measured."""
         self._calibration_due = False
-        self.measured = self.calibrator.measure(passed, self.measurement_setting())
-        self.bounds.use(self.measured)
-        return self.measured
+        setting = self.measurement_setting()
+        if self.store is None:
+            calibration = self.measured = self.calibrator.measure(passed, setting)
+        else:
+            outcome = self.store.obtain(
+                setting, lambda: Measurement(self.calibrator.measure(passed, setting))
+            )
+            self.calibration_outcome = outcome
+            calibration = outcome.stored.calibration
+            if outcome.source == "measured":
+                self.measured = calibration
+        self.bounds.use(calibration)
+        return calibration
 
     def measurement_setting(self) -> dict[str, str | int | None]:
         """What this decoder's measurements depend on besides the weights
@@ -324,6 +343,7 @@ class FastDecoder:
             batch_size=self.batch_size,
             max_batch_tokens=self.max_batch_tokens,
             max_new_tokens=self.max_new_tokens,
+            turns=self.calibration_turns,
         )
 
     def use_calibration(self, calibration: Calibration) -> None:
@@ -341,17 +361,20 @@ class FastDecoder:
         self._calibration_due = False
 
     def adopt_calibration(self, other: FastDecoder) -> bool:
-        """Take the calibration ``other`` measured instead of calibrating: for another decoder
-        of the same loaded model (e.g. ``memeval bench``'s growth table after its main run);
-        see :meth:`use_calibration`. False (nothing adopted) when ``other`` measured nothing."""
+        """Take the calibration ``other`` measured (or took from its store) instead of
+        calibrating: for another decoder of the same loaded model (e.g. ``memeval bench``'s
+        growth table after its main run); see :meth:`use_calibration`. False (nothing
+        adopted) when ``other`` has none of its own."""
         if other.loaded.model is not self.loaded.model:
             raise ValueError("a calibration is only valid for the model it was measured on")
-        if other.measured is None or not other.measured.turns:
+        outcome = other.calibration_outcome
+        taken = outcome.stored.calibration if outcome is not None else other.measured
+        if taken is None or not taken.turns:
             return False
         # The same model object can have changed in place since (another adapter active,
         # another attention implementation, dtype or device), and the batch settings shape
         # the batched computations measured: all must be what they were at calibration.
-        self.use_calibration(other.measured)
+        self.use_calibration(taken)
         return True
 
 
