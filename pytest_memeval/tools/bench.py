@@ -239,6 +239,11 @@ def _describe_stats(stats: DecodeStats) -> str:
             f"{stats.generate_turns} left to generate ({stats.generate_grown_drafts} "
             "from a draft the pass made longer)"
         )
+    if stats.exact_turns:
+        text += (
+            f"; {stats.exact_turns} generated turns settled by exact steps "
+            f"({stats.exact_steps} batched steps, {stats.exact_tokens} tokens)"
+        )
     if stats.reference_scenarios:
         text += f"; {stats.reference_scenarios} scenarios on the reference path"
     return text
@@ -472,13 +477,15 @@ def cli_main(args: argparse.Namespace) -> int:
         f"  handed to the reference call: {handed} of {turns} turns "
         f"({percent(handed / max(1, turns), decimals=1)})"
     )
+    print(f"  exact mode: {fast.stats.exact_mode}")
     for line in _describe_disagreement(fast):
         print(line)
     seconds = fast.seconds
     print(
         f"  seconds: {seconds.prompts:.2f} building prompts (shared with the reference path), "
         f"{seconds.forward:.2f} forward passes, {seconds.verify:.2f} verification passes, "
-        f"{seconds.generate:.2f} generate, {seconds.calibration:.2f} calibration"
+        f"{seconds.generate:.2f} generate, {seconds.exact:.2f} exact steps, "
+        f"{seconds.calibration:.2f} calibration"
     )
     floor = _floor(loaded, scenarios, fast.forward_attention)
     print(

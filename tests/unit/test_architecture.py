@@ -276,6 +276,7 @@ FAST_MODULES = (
     "forward",
     "verify",
     "generate",
+    "exact",
     "calibration",
     "decoder",
 )

@@ -1,4 +1,5 @@
-"""The fast decoder: plan -> forward -> verify -> generate, with the calibration as one step.
+"""The fast decoder: plan -> forward -> verify -> generate (or exact steps), with the calibration
+as one step.
 
 :class:`FastDecoder` orchestrates the stages (each a module of this package) and holds what
 they share: the bounds (``bounds.py``), the statistics (``stats.py``) and the rollouts
@@ -7,7 +8,8 @@ not hold for go to the reference path), run through forward passes in length-sor
 (``forward.py``), the first of which is also measured against the reference call
 (``calibration.py``); the turns the forward passes do not settle are pooled over
 consecutive batches and settled by the verification rounds (``verify.py``), then by
-``generate`` (``generate.py``).
+``generate`` (``generate.py``); in exact mode (decided by the calibration, see
+:class:`~.bounds.ExactMode`) by the exact stage instead (``exact.py``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.decode._types import Rollout, TurnOutput
 from pytest_memeval.decode.batches import length_batches
 from pytest_memeval.decode.fast.answers import AnswerIndex
-from pytest_memeval.decode.fast.bounds import Bounds, Calibration
+from pytest_memeval.decode.fast.bounds import Bounds, Calibration, ExactMode
 from pytest_memeval.decode.fast.calibration import (
     CALIBRATION_TURNS,
     Calibrator,
     measurement_setting,
 )
+from pytest_memeval.decode.fast.exact import ExactStage
 from pytest_memeval.decode.fast.forward import (
     ForwardDecisions,
     ForwardPass,
@@ -107,7 +110,9 @@ class FastDecoder:
     calibration then, unless ``calibrate=True``); ``calibrate=False``: the fixed defaults
     (``bounds.MARGINS``). ``forward_attention``: the attention implementation of the forward
     passes (``"auto"``: ``forward.FORWARD_ATTENTION``; ``None``: the one the model was loaded
-    with); ``generate`` always runs with the model's own.
+    with); ``generate`` always runs with the model's own. ``exact``: ``None``, the
+    calibration decides whether the exact stage settles the pending turns (exact mode);
+    ``False``, never (the bounded verify -> generate path).
     """
 
     path = "fast"
@@ -123,6 +128,7 @@ class FastDecoder:
         calibrate: bool | None = None,
         calibration_turns: int = CALIBRATION_TURNS,
         forward_attention: str | None = "auto",
+        exact: bool | None = None,
     ) -> None:
         device_type = str(loaded.device).split(":")[0]
         if batch_size is None:
@@ -146,8 +152,11 @@ class FastDecoder:
         self.measured: Calibration | None = None
         #: the attention implementation of the forward passes (``None``: the model's own)
         self.forward_attention = forward_attention_for(loaded, forward_attention)
+        #: False: exact mode turned off by the caller
+        self.exact_allowed = exact is not False
         self._ready: dict[str, Rollout] = {}
         self._build_stages(shared)
+        self.stats.exact_mode = self.exact_mode.describe()
 
     def _build_stages(self, shared: Shared) -> None:
         """The stages, in the order a scenario meets them."""
@@ -164,8 +173,13 @@ class FastDecoder:
             rows_per_call=self.generator.rows_per_call,
             max_batch_tokens=max_batch_tokens,
         )
+        self.exact = ExactStage(shared)
         self.calibrator = Calibrator(
-            shared, turns=self.calibration_turns, generator=self.generator, verifier=self.verifier
+            shared,
+            turns=self.calibration_turns,
+            generator=self.generator,
+            verifier=self.verifier,
+            exact=self.exact if self.exact_allowed else None,
         )
 
     # -- Decoder protocol --------------------------------------------------------------------
@@ -240,10 +254,15 @@ class FastDecoder:
         pending = [item for held in pool for item in held.decided.pending]
         self.stats.generated += len(pending)
         self.stats.draft_tokens += sum(len(p.draft) for p in pending)
-        settled = self.verifier.settle(pending)
-        rest = [p for p, out in zip(pending, settled, strict=True) if out is None]
-        generated = iter(self.generator.generate(rest))
-        outcomes = iter([out if out is not None else next(generated) for out in settled])
+        mode = self.exact_mode
+        if mode.on:
+            # Exact mode: every pending turn decoded bit for bit as the reference decodes it.
+            outcomes = iter(self.exact.settle(pending, mode))
+        else:
+            settled = self.verifier.settle(pending)
+            rest = [p for p, out in zip(pending, settled, strict=True) if out is None]
+            generated = iter(self.generator.generate(rest))
+            outcomes = iter([out if out is not None else next(generated) for out in settled])
         for held in pool:
             outputs = held.decided.outputs
             for item in held.decided.pending:
@@ -274,6 +293,19 @@ class FastDecoder:
     # -- calibration -------------------------------------------------------------------------
 
     @property
+    def exact_mode(self) -> ExactMode:
+        """Whether the exact stage settles the pending turns, and why not: the calibration
+        in use decides (:class:`~.bounds.ExactMode`)."""
+        if not self.exact_allowed:
+            return ExactMode(0, "turned off (exact=False)")
+        calibration = self.bounds.calibration
+        if calibration is None:
+            return ExactMode(0, "no calibration measured (a fixed margin, or calibrate=False)")
+        if calibration.exact is None:
+            return ExactMode(0, "the calibration in use did not decide it")
+        return calibration.exact
+
+    @property
     def calibration(self) -> Calibration | None:
         """The calibration in use (measured here or taken), or ``None``."""
         return self.bounds.calibration
@@ -285,6 +317,7 @@ class FastDecoder:
         self._calibration_due = False
         self.measured = self.calibrator.measure(passed, self.measurement_setting())
         self.bounds.use(self.measured)
+        self.stats.exact_mode = self.exact_mode.describe()
         return self.measured
 
     def measurement_setting(self) -> dict[str, str | int | None]:
@@ -311,6 +344,7 @@ class FastDecoder:
             )
         self.bounds.use(calibration)
         self._calibration_due = False
+        self.stats.exact_mode = self.exact_mode.describe()
 
     def adopt_calibration(self, other: FastDecoder) -> bool:
         """Take the calibration ``other`` measured instead of calibrating: for another decoder
