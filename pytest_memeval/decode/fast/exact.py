@@ -51,6 +51,7 @@ __all__ = [
     "ROW_BY_ROW_SHARE",
     "ExactStage",
     "ExactTurn",
+    "matmul_modules",
     "probe_linear_rows",
     "weight_name",
 ]
@@ -69,39 +70,64 @@ ROW_BY_ROW_SHARE = 0.1
 #: Random rows the probe computes per weight (alone, then in groups of each size), and the
 #: multiply-adds it spends per group size and weight: a large weight gets fewer rows (the
 #: lm_head of SmolLM2-135M, 49152x576: :data:`EXACT_ROWS` alone, one group of each size).
-PROBE_POOL = 512
+PROBE_POOL = 256
 PROBE_BUDGET = 1 << 27
 
 
-def weight_name(module: torch.nn.Linear) -> str:
-    """A linear layer's kernel class: ``"out x in dtype"`` (``" +bias"`` with a bias)."""
+def matmul_modules(model: Model) -> list[torch.nn.Module]:
+    """The modules of ``model`` that multiply rows by a weight matrix: ``nn.Linear`` (peft's
+    LoRA A and B included) and transformers' ``Conv1D`` (GPT-2's projections)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    return [m for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
+
+
+def _features(module: torch.nn.Module) -> tuple[int, int]:
+    """``(in, out)`` of a matmul module (``Conv1D`` stores its weight ``in x out``)."""
     w = module.weight
-    name = f"{w.shape[0]}x{w.shape[1]} {str(w.dtype).removeprefix('torch.')}"
-    return name + (" +bias" if module.bias is not None else "")
+    assert isinstance(w, _tensor())
+    return (w.shape[1], w.shape[0]) if hasattr(module, "in_features") else (w.shape[0], w.shape[1])
 
 
-def _rows_alone_equal(module: torch.nn.Linear, limit: int, seed: int) -> int:
-    """The largest ``R <= limit`` such that ``F.linear`` over ``M <= R`` rows gave every row
+def _size(module: torch.nn.Module) -> int:
+    w = module.weight
+    assert isinstance(w, _tensor())
+    return int(w.numel())
+
+
+def weight_name(module: torch.nn.Module) -> str:
+    """A matmul module's kernel class: ``"out x in dtype"`` (``" +bias"`` with a bias)."""
+    w = module.weight
+    assert isinstance(w, _tensor())
+    inputs, outputs = _features(module)
+    name = f"{outputs}x{inputs} {str(w.dtype).removeprefix('torch.')}"
+    return name + (" +bias" if getattr(module, "bias", None) is not None else "")
+
+
+def _rows_alone_equal(module: torch.nn.Module, limit: int, seed: int) -> int:
+    """The largest ``R <= limit`` such that the module over ``M <= R`` rows gave every row
     the bits it got alone, over a pool of :func:`_pool_rows` random rows (1: two rows
     already differed)."""
     import torch
-    import torch.nn.functional as F
 
-    weight, bias = module.weight, module.bias
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
     pool = _pool_rows(weight.numel(), limit)
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(pool, module.in_features, generator=generator)
+    x = torch.randn(pool, _features(module)[0], generator=generator)
     # Spread over 2**-8..2**8: sums of products that need rounding, so that two kernels
     # summing in different orders show it. The difference can be rare (1 output in 10,000
     # for a 64x64 bf16 weight here, none at plain normal inputs in 2,000): hence the pool.
     x *= torch.exp2(torch.randint(-8, 9, x.shape, generator=generator).float())
     x = x.to(dtype=weight.dtype, device=weight.device)
-    alone = torch.cat([F.linear(x[i : i + 1], weight, bias) for i in range(pool)])
+    alone: list[torch.Tensor] = []  # row i alone, computed as the groups reach it
     tried = min(pool, PROBE_BUDGET // max(1, weight.numel()))
     for m in range(2, limit + 1):
         for start in range(0, max(m, tried) - m + 1, m):
-            together = F.linear(x[start : start + m], weight, bias)
-            if not torch.equal(together, alone[start : start + m]):
+            alone += [module(x[i : i + 1]) for i in range(len(alone), start + m)]
+            together = module(x[start : start + m])
+            if not torch.equal(together, torch.cat(alone[start : start + m])):
                 return m - 1
     return limit
 
@@ -126,36 +152,38 @@ def probe_linear_rows(
     than ``share`` of the linear parameters (:data:`ROW_BY_ROW_SHARE`)."""
     import torch
 
-    modules = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    kinds: dict[str, torch.nn.Linear] = {}
-    for module in sorted(modules, key=lambda m: -m.weight.numel()):
-        kinds.setdefault(weight_name(module), module)
-    rows, row_by_row = limit, []
+    modules = matmul_modules(model)
+    sizes = {id(m): _size(m) for m in modules}
+    total = max(1, sum(sizes.values()))
+    kinds: dict[str, list[torch.nn.Module]] = {}
+    for module in sorted(modules, key=lambda m: -sizes[id(m)]):
+        kinds.setdefault(weight_name(module), []).append(module)
+    shapes = tuple(kinds)
+    rows, row_by_row, alone = limit, [], 0.0
     with torch.inference_mode():
-        for n, (name, module) in enumerate(kinds.items()):
-            passing = _rows_alone_equal(module, rows, seed=n)
+        # Largest first: a batch-variant large weight ends the probe at once (fp32 here).
+        for n, (name, same) in enumerate(kinds.items()):
+            passing = _rows_alone_equal(same[0], rows, seed=n)
             if passing >= 2:
                 rows = min(rows, passing)
-            else:
-                row_by_row.append(name)
-    shapes = tuple(kinds)
-    alone_size = sum(m.weight.numel() for m in modules if weight_name(m) in row_by_row)
-    alone = alone_size / max(1, sum(m.weight.numel() for m in modules))
-    if alone > share:
-        why = (
-            f"linear weight {row_by_row[0]} on {kinds[row_by_row[0]].weight.device}: two rows "
-            "at once do not give the bits of each row alone (a batch-variant kernel); such "
-            f"weights hold {alone:.0%} of the linear parameters, at most {share:.0%} may run "
-            "row by row"
-        )
-        return ExactMode(1, why, shapes, row_by_row=tuple(row_by_row))
+                continue
+            row_by_row.append(name)
+            alone += sum(sizes[id(m)] for m in same) / total
+            if alone > share:
+                why = (
+                    f"linear weight {row_by_row[0]} on {same[0].weight.device}: two rows at "
+                    "once do not give the bits of each row alone (a batch-variant kernel); "
+                    f"such weights hold {alone:.0%} of the linear parameters or more, at "
+                    f"most {share:.0%} may run row by row"
+                )
+                return ExactMode(1, why, shapes, row_by_row=tuple(row_by_row))
     return ExactMode(rows, None, shapes, row_by_row=tuple(row_by_row))
 
 
-def _linear() -> type[torch.nn.Linear]:
+def _tensor() -> type[torch.Tensor]:
     import torch
 
-    return torch.nn.Linear
+    return torch.Tensor
 
 
 def _one_row_at_a_time(forward: Callable[..., Any], x: torch.Tensor) -> torch.Tensor:
@@ -166,13 +194,13 @@ def _one_row_at_a_time(forward: Callable[..., Any], x: torch.Tensor) -> torch.Te
 
 
 @contextmanager
-def _row_by_row(modules: Sequence[torch.nn.Linear]) -> Iterator[None]:
+def _row_by_row(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
     """Run the block with ``modules`` computing one row at a time (an instance attribute
     ``forward``, which ``nn.Module.__call__`` calls, wraps the one in use), then as before
     (an instance ``forward`` set by someone else, e.g. accelerate's hooks, is put back)."""
     saved = [module.__dict__.get("forward") for module in modules]
     for module in modules:
-        module.forward = functools.partial(_one_row_at_a_time, module.forward)  # type: ignore[method-assign]
+        module.forward = functools.partial(_one_row_at_a_time, module.forward)
     try:
         yield
     finally:
@@ -180,7 +208,7 @@ def _row_by_row(modules: Sequence[torch.nn.Linear]) -> Iterator[None]:
             if before is None:
                 del module.forward
             else:
-                module.forward = before  # type: ignore[method-assign]
+                module.forward = before
 
 
 @dataclass(frozen=True)
@@ -242,11 +270,7 @@ class ExactStage(Stage):
         if why is not None:
             raise RuntimeError(f"the exact stage cannot run on this model: {why}")
         rows = max(1, mode.rows)
-        alone = [
-            m
-            for m in self.loaded.model.modules()
-            if isinstance(m, _linear()) and weight_name(m) in mode.row_by_row
-        ]
+        alone = [m for m in matmul_modules(self.loaded.model) if weight_name(m) in mode.row_by_row]
         waiting = deque(range(len(prompts)))
         active: list[_Row] = []
         done: dict[int, ExactTurn] = {}
