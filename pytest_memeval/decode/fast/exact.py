@@ -159,13 +159,12 @@ def probe_linear_rows(
     for module in sorted(modules, key=lambda m: -sizes[id(m)]):
         kinds.setdefault(weight_name(module), []).append(module)
     shapes = tuple(kinds)
-    rows, row_by_row, alone = limit, [], 0.0
+    row_by_row, alone = [], 0.0
     with torch.inference_mode():
-        # Largest first: a batch-variant large weight ends the probe at once (fp32 here).
+        # Two rows first, largest weight first: a batch-variant large weight (fp32 here), or
+        # too many small ones (the demo), end the probe before the longer sweep.
         for n, (name, same) in enumerate(kinds.items()):
-            passing = _rows_alone_equal(same[0], rows, seed=n)
-            if passing >= 2:
-                rows = min(rows, passing)
+            if _rows_alone_equal(same[0], 2, seed=n) >= 2:
                 continue
             row_by_row.append(name)
             alone += sum(sizes[id(m)] for m in same) / total
@@ -177,6 +176,10 @@ def probe_linear_rows(
                     f"most {share:.0%} may run row by row"
                 )
                 return ExactMode(1, why, shapes, row_by_row=tuple(row_by_row))
+        rows = limit
+        for n, (name, same) in enumerate(kinds.items()):
+            if name not in row_by_row:
+                rows = min(rows, _rows_alone_equal(same[0], rows, seed=n))
     return ExactMode(rows, None, shapes, row_by_row=tuple(row_by_row))
 
 
