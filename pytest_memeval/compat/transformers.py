@@ -166,11 +166,13 @@ def lm_forward(
 
 @dataclass(frozen=True)
 class GeneratedSteps:
-    """A ``generate`` call's tokens (prompt columns included) and, per step, its
-    next-token logits (rows x vocabulary; ``output_logits``: before any logits processor)."""
+    """A ``generate`` call's tokens (prompt columns included), per step its next-token
+    logits (rows x vocabulary; ``output_logits``: before any logits processor), and the
+    key/value cache it ended with (``None`` where the output carries none)."""
 
     sequences: torch.Tensor
     logits: tuple[torch.Tensor, ...]
+    cache: KVCache | None = None
 
 
 def generate_with_logits(
@@ -181,7 +183,10 @@ def generate_with_logits(
     if cache is not None:
         kwargs[forward_parameters(model).cache] = cache
     out = model.generate(output_logits=True, return_dict_in_generate=True, **kwargs)
-    return GeneratedSteps(out.sequences, tuple(out.logits))
+    # The output's cache attribute followed the argument's rename (transformers 5: ``cache``;
+    # 5.24 still answers ``past_key_values``, with a deprecation warning).
+    kept = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    return GeneratedSteps(out.sequences, tuple(out.logits), kept)
 
 
 def vocab_size(model: Model) -> int:

@@ -261,6 +261,11 @@ def _describe_stats(stats: DecodeStats) -> str:
             f"{stats.generate_turns} left to generate ({stats.generate_grown_drafts} "
             "from a draft the pass made longer)"
         )
+    if stats.exact_turns:
+        text += (
+            f"; {stats.exact_turns} generated turns settled by exact steps "
+            f"({stats.exact_steps} batched steps, {stats.exact_tokens} tokens)"
+        )
     if stats.reference_scenarios:
         text += f"; {stats.reference_scenarios} scenarios on the reference path"
     if stats.free_running_rounds:
@@ -440,7 +445,7 @@ def _growth(
         f"growth with turns ({args.turns_n} generated {variant} scenarios each; seconds per "
         "scenario; the fast path's calibration measured once, above, and reused):",
         f"  {'turns':>5} {'tokens':>7} {'reference':>10} {'fast':>8} {'(prompts':>9} "
-        f"{'forward':>8} {'verify':>8} {'generate)':>9} {'speedup':>8}  identical",
+        f"{'forward':>8} {'verify':>8} {'gen|exact)':>9} {'speedup':>8}  identical",
     ]
     identical = True
     with tempfile.TemporaryDirectory(prefix="memeval-bench-") as tmp:
@@ -472,7 +477,7 @@ def _growth(
                 f"  {mean_turns:>5.1f} {_tokens(loaded, scenarios) / n:>7.0f} "
                 f"{run.reference.seconds / n:>10.4f} {run.fast.seconds / n:>8.4f} "
                 f"{seconds.prompts / n:>9.4f} {seconds.forward / n:>8.4f} "
-                f"{seconds.verify / n:>8.4f} {seconds.generate / n:>9.4f} "
+                f"{seconds.verify / n:>8.4f} {(seconds.generate + seconds.exact) / n:>9.4f} "
                 f"{run.reference.seconds / run.fast.seconds:>7.1f}x  "
                 f"{'yes' if not run.differ else 'NO'}"
             )
@@ -543,13 +548,15 @@ def cli_main(args: argparse.Namespace) -> int:
         f"  handed to the reference call: {handed} of {turns} turns "
         f"({percent(handed / max(1, turns), decimals=1)})"
     )
+    print(f"  exact mode: {fast.stats.exact_mode}")
     for line in _describe_disagreement(fast):
         print(line)
     seconds = fast.seconds
     print(
         f"  seconds: {seconds.prompts:.2f} building prompts (shared with the reference path), "
         f"{seconds.forward:.2f} forward passes, {seconds.verify:.2f} verification passes, "
-        f"{seconds.generate:.2f} generate, {seconds.calibration:.2f} calibration"
+        f"{seconds.generate:.2f} generate, {seconds.exact:.2f} exact steps, "
+        f"{seconds.calibration:.2f} calibration"
     )
     print(_describe_calibration(fast, fst.seconds, ref.seconds))
     floor = _floor(loaded, scenarios, fast.forward_attention)

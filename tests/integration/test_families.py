@@ -23,7 +23,9 @@ from pytest_memeval.core.benchmark import Scenario, from_records
 from pytest_memeval.core.history import fed_back
 from pytest_memeval.decode import make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder
-from pytest_memeval.decode.reference import ReferenceDecoder
+from pytest_memeval.decode.fast.exact import ExactStage, probe_linear_rows
+from pytest_memeval.decode.fast.shared import Shared
+from pytest_memeval.decode.reference import ReferenceDecoder, reference_steps
 from pytest_memeval.model.checks import check_adapter_fits, fingerprint_dir
 from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.preflight import context_limit, preflight
@@ -205,6 +207,46 @@ def test_free_running_fast_equals_reference_and_the_plain_loop(
         model, tok = load_plain(built.model(family))
         expected = [plain_free_running(model, tok, s.messages, MAX_NEW) for s in scenarios]
         assert [rollout_outputs(r) for r in free] == expected
+
+
+#: families whose cache has sliding-window layers: the exact stage cannot read their prefill's
+#: cache (the calibration's check turns exact mode off for them)
+SLIDING_CACHES = {"mistral", "gemma"}
+
+
+def test_exact_stage_gives_the_reference_calls_logits_bit_for_bit(
+    family: str, built: Built
+) -> None:
+    """bf16: the exact stage (the reference's own prefill, then batched single-token steps
+    with per-row attention through each architecture's own attention function) gives the
+    reference call's logits bit for bit, or, where the cache is sliding-window, hands the
+    turns to the reference call. The tiny
+    models' weights are rarely batch-invariant here: allowed to run row by row."""
+    import torch
+
+    loaded = load_model(built.model(family), None, dtype="bfloat16")
+    probe = probe_linear_rows(loaded.model, share=1.0)
+    if not probe.on:
+        pytest.skip(f"batch-variant kernels for every row count here: {probe.reason}")
+    stage = ExactStage(Shared.new(loaded, MAX_NEW, FastDecoder(loaded, MAX_NEW).bounds))
+    assert stage.unavailable() is None
+    prompts = [
+        p.ids
+        for s in scenarios_of(val_records(family, 2))
+        for p in scenario_prompts(loaded.tokenizer, s)[0]
+    ]
+    turns = stage.decode(prompts, probe, keep_logits=True)
+    references = [reference_steps(loaded, p, MAX_NEW) for p in prompts]
+    assert [list(t.tokens) for t in turns] == [r.tokens for r in references]
+    if family in SLIDING_CACHES:
+        # each turn handed to the reference call (the calibration's check turns the mode
+        # off on such a turn: no logits of its own to compare)
+        assert stage.stats.exact_reference == len(prompts) and not any(t.logits for t in turns)
+        return
+    assert stage.stats.exact_reference == 0
+    for turn, reference in zip(turns, references, strict=True):
+        assert len(turn.logits) == len(reference.logits)
+        assert all(torch.equal(a, b) for a, b in zip(turn.logits, reference.logits, strict=True))
 
 
 # --------------------------------------------------------------------------- BOS

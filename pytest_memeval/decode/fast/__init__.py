@@ -31,6 +31,8 @@ The package is the decoder's stages, one module each, in the order a scenario me
 * ``verify.py`` (with ``answers.py``, its guesses): the verification rounds and their two
   computations;
 * ``generate.py``: pooled cached ``generate`` for the rest;
+* ``exact.py``: in exact mode, instead of verify and generate, the pending turns decoded bit
+  for bit as the reference decodes them (its prefill, then batched single-token steps);
 * ``calibration.py``: measuring the fast path's computations against the reference call;
 * ``stored.py``: calibrations kept in the cache directory, measured once per model and
   setting and reused by later runs and other workers;
@@ -54,6 +56,7 @@ from pytest_memeval.decode.fast.bounds import (
     Bounds,
     Calibration,
     Disagreement,
+    ExactMode,
     Kind,
     calibrated_bound,
     default_margin,
@@ -99,6 +102,7 @@ __all__ = [
     "CalibrationStore",
     "DecodeStats",
     "Disagreement",
+    "ExactMode",
     "FastDecoder",
     "Kind",
     "StageSeconds",

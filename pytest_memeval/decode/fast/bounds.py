@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeAlias, cast
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Bounds",
     "Calibration",
     "Disagreement",
+    "ExactMode",
     "Kind",
     "Setting",
     "calibrated_bound",
@@ -151,6 +152,73 @@ def _floats(value: object, where: str) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
+class ExactMode:
+    """Whether the exact stage (``exact.py``) settles the turns the forward pass leaves
+    pending, decided once per model and settings: plain data, stored with the
+    :class:`Calibration` (:meth:`to_dict`, :meth:`from_dict`). On when every linear weight
+    shape of the model gives rows bit-identical to one row alone for up to :attr:`rows`
+    rows (at least 2) and the calibration turns decoded by the exact stage are bit-identical
+    to the reference call at every step; else off, with the reason."""
+
+    #: rows per batched step: the largest row count every linear shape passed for (0: none)
+    rows: int
+    #: why the mode is off (``None``: on)
+    reason: str | None = None
+    #: the linear weight shapes probed (``"out x in dtype"``), and the calibration steps
+    #: compared bit for bit with the reference call
+    shapes: tuple[str, ...] = ()
+    checked_steps: int = 0
+    #: the linear weights (of ``shapes``) whose kernels differ already at two rows: they run
+    #: row by row in the exact steps
+    row_by_row: tuple[str, ...] = ()
+
+    @property
+    def on(self) -> bool:
+        return self.reason is None and self.rows >= 2
+
+    def off(self, reason: str) -> ExactMode:
+        """This result, switched off for ``reason``."""
+        return replace(self, reason=reason)
+
+    def describe(self) -> str:
+        """One line for ``memeval bench`` and the decode statistics."""
+        if self.on:
+            return (
+                f"on: up to {self.rows} rows per step, {self.checked_steps} calibration steps "
+                "bit-identical to the reference call"
+            )
+        return f"off: {self.reason or f'{self.rows} rows per step'}"
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-able dict; :meth:`from_dict` reads it back equal."""
+        return {
+            "rows": self.rows,
+            "reason": self.reason,
+            "shapes": list(self.shapes),
+            "checked_steps": self.checked_steps,
+            "row_by_row": list(self.row_by_row),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> ExactMode:
+        """The result :meth:`to_dict` wrote; ``ValueError`` naming what is wrong."""
+        rows, reason = data.get("rows"), data.get("reason")
+        shapes, checked = data.get("shapes", []), data.get("checked_steps", 0)
+        row_by_row = data.get("row_by_row", [])
+        counts = (rows, checked)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+            raise ValueError("exact mode: 'rows' and 'checked_steps' must be counts")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError("exact mode: 'reason' must be a string or null")
+        for strings in (shapes, row_by_row):
+            if not isinstance(strings, list) or not all(isinstance(v, str) for v in strings):
+                raise ValueError("exact mode: 'shapes' and 'row_by_row' must be lists of strings")
+        assert isinstance(rows, int) and isinstance(checked, int)
+        assert isinstance(shapes, list) and isinstance(row_by_row, list)
+        return cls(rows, reason, tuple(shapes), checked, tuple(row_by_row))
+
+
+@dataclass(frozen=True)
 class Calibration:
     """What one calibration measured: plain data, separate from the code that measures it
     (``calibration.py``), so that it can be stored (:meth:`to_dict`, :meth:`from_dict`:
@@ -162,6 +230,8 @@ class Calibration:
     #: turns run by the reference call to measure
     turns: int
     measured: Mapping[Kind, Disagreement] = field(default_factory=dict)
+    #: whether the exact stage is on for this model and settings (``None``: not decided)
+    exact: ExactMode | None = None
 
     def disagreement(self, kind: Kind) -> Disagreement:
         """What was measured for ``kind`` (empty where nothing was)."""
@@ -176,6 +246,7 @@ class Calibration:
                 kind: {"absolute": list(d.absolute), "ulps": list(d.ulps)}
                 for kind, d in self.measured.items()
             },
+            "exact": None if self.exact is None else self.exact.to_dict(),
         }
 
     @classmethod
@@ -199,7 +270,12 @@ class Calibration:
                 _floats(values.get("absolute"), f"measured.{kind}.absolute"),
                 _floats(values.get("ulps"), f"measured.{kind}.ulps"),
             )
-        return cls(dict(setting), turns, kinds)
+        exact = data.get("exact")
+        if exact is not None and not isinstance(exact, dict):
+            raise ValueError("calibration: 'exact' must be an object or null")
+        return cls(
+            dict(setting), turns, kinds, None if exact is None else ExactMode.from_dict(exact)
+        )
 
 
 class Bounds:

@@ -6,8 +6,11 @@ call (``generate`` on the full prompt, as the reference path runs it) is run wit
 logits, and compared position by position, while it follows the truth, with the
 teacher-forced logits (kinds ``first`` and ``step``), with the fast path's cached batched
 generation of the same turns (``generate``), and with both computations of the verification
-pass fed the reference's own tokens (``verify``). The result is a
-:class:`~.bounds.Calibration`: plain data the bounds are computed from (``bounds.py``). The
+pass fed the reference's own tokens (``verify``). It also decides the exact mode
+(:class:`~.bounds.ExactMode`): the linear probe (``exact.probe_linear_rows``), then the same
+turns decoded by the exact stage, which must give the reference's logits bit for bit at
+every step. The result is a :class:`~.bounds.Calibration`: plain data the bounds are
+computed from (``bounds.py``), with the exact mode. The
 calibrated turns are then decoded like any other (so how a turn was decided does not depend
 on which turns a process happened to calibrate on).
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,9 +31,11 @@ from pytest_memeval.decode.fast.bounds import (
     MANTISSA_BITS,
     Calibration,
     Disagreement,
+    ExactMode,
     Kind,
     Setting,
 )
+from pytest_memeval.decode.fast.exact import ExactStage, probe_linear_rows
 from pytest_memeval.decode.fast.forward import ForwardPass
 from pytest_memeval.decode.fast.generate import GenerateRow, Generator
 from pytest_memeval.decode.fast.kvcache import CacheSlice
@@ -188,12 +193,20 @@ class Calibrator(Stage):
     """Measures a decoder's computations against the reference call."""
 
     def __init__(
-        self, shared: Shared, *, turns: int, generator: Generator, verifier: Verifier
+        self,
+        shared: Shared,
+        *,
+        turns: int,
+        generator: Generator,
+        verifier: Verifier,
+        exact: ExactStage | None,
     ) -> None:
         super().__init__(shared)
         self.turns = turns
         self.generator = generator
         self.verifier = verifier
+        #: the exact stage whose mode the calibration decides (``None``: exact mode off)
+        self.exact = exact
 
     def measure(self, passed: ForwardPass, setting: Setting) -> Calibration:
         """The disagreement on turns of ``passed`` (measured under ``setting``)."""
@@ -213,9 +226,47 @@ class Calibrator(Stage):
             ]
             self._generate(measured, samples)
             self._verify(measured, samples)
+        exact = None
+        if self.exact is not None:
+            exact = self.exact_mode([p.turn.prompt.ids for p in picked], references)
         self.stats.calibration_turns += len(picked)
         self.seconds.calibration += time.perf_counter() - started
-        return Calibration(setting, len(picked), measured.disagreement())
+        return Calibration(setting, len(picked), measured.disagreement(), exact)
+
+    def exact_mode(
+        self, prompts: Sequence[Sequence[int]], references: Sequence[ReferenceSteps]
+    ) -> ExactMode:
+        """The exact mode: on when the linear probe passes for at least two rows, the model
+        can run per-row attention, and the exact stage's logits on ``prompts`` equal the
+        reference call's (``references``) bit for bit at every step."""
+        import torch
+
+        assert self.exact is not None
+        probe = probe_linear_rows(self.loaded.model)
+        why = self.exact.unavailable() if probe.on else None
+        if not probe.on or why is not None:
+            return probe if why is None else probe.off(why)
+        if not prompts:
+            return probe.off("no calibration turn to check the exact stage on")
+        turns = self.exact.decode(prompts, probe, keep_logits=True)
+        steps = 0
+        for n, (turn, reference) in enumerate(zip(turns, references, strict=True)):
+            if not turn.logits:
+                return probe.off(
+                    f"calibration turn {n + 1}: the prefill's cache is not plain "
+                    "full-attention layers (sliding-window or hybrid caches)"
+                )
+            for j, (mine, theirs) in enumerate(zip(turn.logits, reference.logits, strict=False)):
+                if not torch.equal(mine, theirs.cpu()):
+                    delta = float((mine - theirs.cpu()).abs().max())
+                    return probe.off(
+                        f"calibration turn {n + 1}, step {j + 1}: the exact stage's logits "
+                        f"differ from the reference call's (by up to {delta:.3g})"
+                    )
+                steps += 1
+            if list(turn.tokens) != reference.tokens:
+                return probe.off(f"calibration turn {n + 1}: tokens differ from the reference")
+        return replace(probe, checked_steps=steps)
 
     @staticmethod
     def _teacher_forced(

@@ -1,4 +1,5 @@
-"""The fast decoder: plan -> forward -> verify -> generate, with the calibration as one step.
+"""The fast decoder: plan -> forward -> verify -> generate (or exact steps), with the calibration
+as one step.
 
 :class:`FastDecoder` orchestrates the stages (each a module of this package) and holds what
 they share: the bounds (``bounds.py``), the statistics (``stats.py``) and the rollouts
@@ -7,27 +8,29 @@ not hold for go to the reference path), run through forward passes in length-sor
 (``forward.py``), the first of which is also measured against the reference call
 (``calibration.py``); the turns the forward passes do not settle are pooled over
 consecutive batches and settled by the verification rounds (``verify.py``), then by
-``generate`` (``generate.py``). Free-running (``history="model"``), the same stages run in
-rounds over the conversation as the model has made it so far (``history.py``).
+``generate`` (``generate.py``); in exact mode (decided by the calibration, see
+:class:`~.bounds.ExactMode`) by the exact stage instead (``exact.py``). Free-running
+(``history="model"``), the same stages run in rounds over the conversation as the model has
+made it so far (``history.py``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH, history_name
 from pytest_memeval.decode._types import Rollout, TurnOutput
 from pytest_memeval.decode.batches import length_batches
 from pytest_memeval.decode.fast.answers import AnswerIndex
-from pytest_memeval.decode.fast.bounds import Bounds, Calibration
+from pytest_memeval.decode.fast.bounds import Bounds, Calibration, ExactMode
 from pytest_memeval.decode.fast.calibration import (
     CALIBRATION_TURNS,
     Calibrator,
     measurement_setting,
 )
+from pytest_memeval.decode.fast.exact import ExactStage
 from pytest_memeval.decode.fast.forward import (
     ForwardDecisions,
     ForwardPass,
@@ -39,6 +42,7 @@ from pytest_memeval.decode.fast.forward import (
 from pytest_memeval.decode.fast.generate import Generator
 from pytest_memeval.decode.fast.history import FreeRunner
 from pytest_memeval.decode.fast.plan import Planner, ReferenceOnly, ScenarioPlan
+from pytest_memeval.decode.fast.pool import HeldBatch, Planned, Pool
 from pytest_memeval.decode.fast.shared import Shared
 from pytest_memeval.decode.fast.stored import CalibrationOutcome, CalibrationStore, Measurement
 from pytest_memeval.decode.fast.verify import Verifier
@@ -63,43 +67,6 @@ DEFAULT_ACCELERATOR_BATCH_SIZE = 16
 DEFAULT_MAX_BATCH_TOKENS = 32768
 
 
-@dataclass(frozen=True)
-class _Planned:
-    """A scenario's place in the ``decode`` call, and its plan."""
-
-    position: int
-    plan: ScenarioPlan
-
-
-@dataclass(frozen=True)
-class _HeldBatch:
-    """A forward batch whose pending turns wait in the pool to be settled (its cache is
-    kept, through them, until they are)."""
-
-    planned: list[_Planned]
-    decided: ForwardDecisions
-
-
-class _Pool:
-    """Forward batches held until their pending turns are settled."""
-
-    def __init__(self) -> None:
-        self.batches: list[_HeldBatch] = []
-        #: pending turns held, and padded tokens of the batches holding them
-        self.turns = 0
-        self.tokens = 0
-
-    def add(self, planned: list[_Planned], decided: ForwardDecisions) -> None:
-        self.batches.append(_HeldBatch(planned, decided))
-        self.turns += len(decided.pending)
-        self.tokens += len(planned) * max(len(p.plan.full) for p in planned)
-
-    def take(self) -> list[_HeldBatch]:
-        """The batches held, leaving the pool empty."""
-        batches, self.batches, self.turns, self.tokens = self.batches, [], 0, 0
-        return batches
-
-
 class FastDecoder:
     """Teacher-forced greedy check over whole conversations, batched across scenarios.
 
@@ -116,7 +83,9 @@ class FastDecoder:
     (teacher-forced, the default) or ``model`` (free-running: each turn's prompt holds the
     decoder's own earlier outputs; ``history.py``). ``store``: where calibrations are kept
     between runs and workers (``stored.py``): the calibration is taken from it when it holds
-    one of this model and setting, else measured and put there.
+    one of this model and setting, else measured and put there. ``exact``: ``None``, the calibration
+    decides whether the exact stage settles the pending turns (exact mode); ``False``, never
+    (the bounded verify -> generate path).
     """
 
     path = "fast"
@@ -134,6 +103,7 @@ class FastDecoder:
         forward_attention: str | None = "auto",
         history: str = HISTORY_TRUTH,
         store: CalibrationStore | None = None,
+        exact: bool | None = None,
     ) -> None:
         device_type = str(loaded.device).split(":")[0]
         if batch_size is None:
@@ -162,8 +132,11 @@ class FastDecoder:
         self.calibration_outcome: CalibrationOutcome | None = None
         #: the attention implementation of the forward passes (``None``: the model's own)
         self.forward_attention = forward_attention_for(loaded, forward_attention)
+        #: False: exact mode turned off by the caller
+        self.exact_allowed = exact is not False
         self._ready: dict[str, Rollout] = {}
         self._build_stages(shared)
+        self.stats.exact_mode = self.exact_mode.describe()
 
     def _build_stages(self, shared: Shared) -> None:
         """The stages, in the order a scenario meets them."""
@@ -180,8 +153,13 @@ class FastDecoder:
             rows_per_call=self.generator.rows_per_call,
             max_batch_tokens=max_batch_tokens,
         )
+        self.exact = ExactStage(shared)
         self.calibrator = Calibrator(
-            shared, turns=self.calibration_turns, generator=self.generator, verifier=self.verifier
+            shared,
+            turns=self.calibration_turns,
+            generator=self.generator,
+            verifier=self.verifier,
+            exact=self.exact if self.exact_allowed else None,
         )
         self.free_runner = FreeRunner(shared, self)
 
@@ -217,7 +195,7 @@ class FastDecoder:
         planned = self._plan(scenarios, results)
         # The turns the forward passes leave pending are pooled over consecutive batches and
         # settled together: a generate step costs about the same for 4 rows as for 64.
-        pool = _Pool()
+        pool = Pool()
         for batch in self._forward_batches(planned):
             pool.add(batch, self.forward_batch([p.plan for p in batch]))
             if self.pool_full(pool.turns, pool.tokens):
@@ -225,20 +203,20 @@ class FastDecoder:
         self._settle(pool.take(), results)
         return [results[i] for i in range(len(scenarios))]
 
-    def _plan(self, scenarios: Sequence[Scenario], results: dict[int, Rollout]) -> list[_Planned]:
+    def _plan(self, scenarios: Sequence[Scenario], results: dict[int, Rollout]) -> list[Planned]:
         """Each scenario's plan; those the fast argument does not hold for are decoded by
         the reference path into ``results`` at once."""
-        planned: list[_Planned] = []
+        planned: list[Planned] = []
         for position, scenario in enumerate(scenarios):
             self.stats.scenarios += 1
             plan = self.planner.plan(scenario)
             if isinstance(plan, ReferenceOnly):
                 results[position] = self._reference_rollout(plan)
             else:
-                planned.append(_Planned(position, plan))
+                planned.append(Planned(position, plan))
         return planned
 
-    def _forward_batches(self, planned: list[_Planned]) -> list[list[_Planned]]:
+    def _forward_batches(self, planned: list[Planned]) -> list[list[Planned]]:
         """Forward passes of similar lengths, longest first (:func:`~.batches.length_batches`)."""
         groups = self.batch_groups([len(p.plan.full) for p in planned])
         return [[planned[i] for i in group] for group in groups]
@@ -261,7 +239,7 @@ class FastDecoder:
             self.calibrate(passed)
         return self.forward.decide(passed)
 
-    def _settle(self, pool: list[_HeldBatch], results: dict[int, Rollout]) -> None:
+    def _settle(self, pool: list[HeldBatch], results: dict[int, Rollout]) -> None:
         """Settle the pooled turns (verification rounds, then ``generate`` for the rest),
         then complete the rollouts of the pooled batches."""
         plans = [p.plan for held in pool for p in held.planned]
@@ -277,11 +255,15 @@ class FastDecoder:
     def settle_turns(
         self, plans: Sequence[ScenarioPlan], pending: Sequence[PendingTurn]
     ) -> list[TurnOutput]:
-        """Each of ``pending``'s output: the verification rounds (guessing from the answers
-        of ``plans``), then ``generate`` for the rest."""
+        """Each of ``pending``'s output: in exact mode the exact stage; else the verification
+        rounds (guessing from the answers of ``plans``), then ``generate`` for the rest."""
         self.answers.learn(t.expected for plan in plans for t in plan.turns)
         self.stats.generated += len(pending)
         self.stats.draft_tokens += sum(len(p.draft) for p in pending)
+        mode = self.exact_mode
+        if mode.on:
+            # Exact mode: every pending turn decoded bit for bit as the reference decodes it.
+            return self.exact.settle(pending, mode)
         settled = self.verifier.settle(pending)
         rest = [p for p, out in zip(pending, settled, strict=True) if out is None]
         generated = iter(self.generator.generate(rest))
@@ -310,6 +292,19 @@ class FastDecoder:
     # -- calibration -------------------------------------------------------------------------
 
     @property
+    def exact_mode(self) -> ExactMode:
+        """Whether the exact stage settles the pending turns, and why not: the calibration
+        in use decides (:class:`~.bounds.ExactMode`)."""
+        if not self.exact_allowed:
+            return ExactMode(0, "turned off (exact=False)")
+        calibration = self.bounds.calibration
+        if calibration is None:
+            return ExactMode(0, "no calibration measured (a fixed margin, or calibrate=False)")
+        if calibration.exact is None:
+            return ExactMode(0, "the calibration in use did not decide it")
+        return calibration.exact
+
+    @property
     def calibration(self) -> Calibration | None:
         """The calibration in use (measured here or taken), or ``None``."""
         return self.bounds.calibration
@@ -332,6 +327,7 @@ class FastDecoder:
             if outcome.source == "measured":
                 self.measured = calibration
         self.bounds.use(calibration)
+        self.stats.exact_mode = self.exact_mode.describe()
         return calibration
 
     def measurement_setting(self) -> dict[str, str | int | None]:
@@ -359,6 +355,7 @@ class FastDecoder:
             )
         self.bounds.use(calibration)
         self._calibration_due = False
+        self.stats.exact_mode = self.exact_mode.describe()
 
     def adopt_calibration(self, other: FastDecoder) -> bool:
         """Take the calibration ``other`` measured (or took from its store) instead of

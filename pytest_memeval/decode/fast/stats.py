@@ -81,6 +81,18 @@ class DecodeStats:
     #: rounds' passes that continued from a cached prefix (the others ran from the start)
     free_running_cached_passes: int = 0
 
+    # -- exact steps (exact mode) ---------------------------------------------------------
+    #: whether the exact stage settles the pending turns, and why not (``ExactMode.describe``)
+    exact_mode: str = "off: not decided (no calibration)"
+    #: pending turns the exact stage settled; its prefills (the reference's own call for the
+    #: first token, calibration checks included), batched steps, and tokens those computed
+    exact_turns: int = 0
+    exact_prefills: int = 0
+    exact_steps: int = 0
+    exact_tokens: int = 0
+    #: turns whose prefill left no readable cache: decided by the reference call
+    exact_reference: int = 0
+
     @property
     def handed_to_reference(self) -> int:
         """Turns whose output the fast path took from the reference call itself."""
@@ -88,6 +100,7 @@ class DecodeStats:
             self.generated_reference_rerun
             + self.generated_without_cache
             + self.reference_scenario_turns
+            + self.exact_reference
         )
 
 
@@ -102,3 +115,5 @@ class StageSeconds:
     verify: float = 0.0
     #: ``generate`` calls, and the reference path of scenarios the fast argument misses
     generate: float = 0.0
+    #: the exact stage (its prefills and batched steps), outside the calibration
+    exact: float = 0.0
