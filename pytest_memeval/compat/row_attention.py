@@ -32,7 +32,13 @@ from pytest_memeval.compat.transformers import Model, base_model
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ROW_ATTENTION", "RowCaches", "row_attention", "row_attention_unavailable"]
+__all__ = [
+    "ROW_ATTENTION",
+    "RowCaches",
+    "own_attention",
+    "row_attention",
+    "row_attention_unavailable",
+]
 
 #: The name the per-row attention function is registered under.
 ROW_ATTENTION = "memeval_rows"
@@ -55,7 +61,7 @@ _STEP: ContextVar[_Step | None] = ContextVar("memeval_row_attention", default=No
 _EAGER: dict[type, Callable[..., Any]] = {}
 
 
-def _own_attention(module: Any, implementation: str) -> Callable[..., Any]:
+def own_attention(module: Any, implementation: str) -> Callable[..., Any]:
     """The attention function ``module`` calls under ``implementation`` (as the modeling
     code picks it: the registry's, or its module's own eager function)."""
     from transformers import AttentionInterface
@@ -85,7 +91,7 @@ def _rows_attention(
     step = _STEP.get()
     if step is None:
         raise RuntimeError(f"the {ROW_ATTENTION!r} attention runs only inside row_attention()")
-    inner = _own_attention(module, step.implementation)
+    inner = own_attention(module, step.implementation)
     layer = module.layer_idx
     outputs = []
     for r, caches in enumerate(step.rows):

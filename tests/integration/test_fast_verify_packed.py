@@ -72,6 +72,48 @@ def test_turns_packed_in_one_row_see_only_their_own_prompt(demo: LoadedModel) ->
     assert cache.layers[0].keys.shape[-2] == len(full)
 
 
+def test_one_row_with_segment_attention_computes_what_padded_rows_compute(
+    demo: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The packed pass in one row (segment attention over each conversation's cache row, no
+    padding, no copy) against the padded rows over a copied cache (the computation where
+    the attention cannot be switched), and against the model's own attention function per
+    group (where a layer's attention is not the plain formula): the same logits, within
+    float32 noise, the same argmax; the source cache untouched."""
+    import torch
+
+    from pytest_memeval.compat import segment_attention as segments
+
+    conversations = [proven_scenario_prompts(demo.tokenizer, s)[:2] for s in _demo(3)]
+    width = max(len(full) for _, full in conversations)
+    ids = torch.full((len(conversations), width), demo.pad_id, dtype=torch.long)
+    for row, (_, full) in enumerate(conversations):
+        ids[row, : len(full)] = torch.tensor(list(full))
+    with torch.inference_mode():
+        cache = demo.model(input_ids=ids, use_cache=True).past_key_values
+    rows = [
+        Continuation(CacheSlice(cache, row, 0, len(p.ids) - 1), (p.ids[-1], 7, 8, 9)[: 2 + n % 3])
+        for row, (prompts, _) in enumerate(conversations)
+        for n, p in enumerate(prompts[: 2 + row * 2])
+    ]
+    one_row = FastDecoder(demo, MAX_NEW).verifier
+    assert one_row.segments_unavailable() is None
+    flat = one_row.packed_pass(rows)
+    padded = FastDecoder(demo, MAX_NEW).verifier
+    monkeypatch.setattr(padded, "_segments_unavailable", "forced off for the comparison")
+    by_rows = padded.packed_pass(rows)
+    monkeypatch.setattr(segments, "_plain", lambda kwargs: False)
+    own = one_row.packed_pass(rows)
+    assert flat is not None and by_rows is not None and own is not None
+    assert flat.logits.shape[0] == 1 and by_rows.logits.shape[0] == len(conversations)
+    for n in range(len(rows)):
+        want = by_rows.logits_of(n)
+        for got in (flat.logits_of(n), own.logits_of(n)):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert cache.layers[0].keys.shape[-2] == width
+
+
 @pytest.mark.slow
 def test_one_scenario_per_pass_many_turns_per_row_equal_the_reference(
     demo: LoadedModel,

@@ -5,9 +5,11 @@ pass's cache holds them: a :class:`CacheSlice`. ``generate`` and the cut verific
 read slices copied into a fresh left-padded cache (:func:`left_padded_cache`); the packed
 verification pass reads the forward passes' caches as they are, several turns of one
 conversation fed back to back in one row, each seeing only its own slice through a 4D mask
-(:func:`pack`). Only plain full-attention caches can be read this way
-(``compat.transformers.full_attention_kv``); for any other the functions return ``None``
-and the caller falls back (see ``verify.py`` and ``generate.py``).
+(:func:`pack`), or, where the model's attention can be switched, all in one row with no
+padding and no copy, each conversation's turns a group of segment attention over its cache
+row (:func:`flatten`, ``compat/segment_attention.py``). Only plain full-attention caches
+can be read this way (``compat.transformers.full_attention_kv``); for any other the
+functions return ``None`` and the caller falls back (see ``verify.py`` and ``generate.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_memeval.compat.segment_attention import SegmentGroup
 from pytest_memeval.compat.transformers import KVCache, dynamic_cache, full_attention_kv
 from pytest_memeval.decode.fast.logits import Segment
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CacheSlice", "PackedRows", "PackedSource", "left_padded_cache", "pack", "packed_source"]
+__all__ = [
+    "CacheSlice",
+    "FlatRows",
+    "PackedRows",
+    "PackedSource",
+    "flatten",
+    "left_padded_cache",
+    "pack",
+    "packed_source",
+]
 
 Layers = list[tuple["torch.Tensor", "torch.Tensor"]]
 
@@ -191,4 +203,64 @@ def pack(
         torch.tensor(positions, dtype=torch.long),
         mask[:, None],
         [segments[n] for n in range(len(slices))],
+    )
+
+
+@dataclass(frozen=True)
+class FlatRows:
+    """The inputs of a packed pass in one row: every turn's tokens back to back, grouped by
+    the source row they continue (``segments``: where each turn's tokens are; ``groups``:
+    what each group attends to, for ``compat.segment_attention``)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    segments: list[Segment]
+    groups: list[SegmentGroup]
+
+
+def flatten(
+    slices: Sequence[CacheSlice], fed: Sequence[Sequence[int]], source: PackedSource
+) -> FlatRows:
+    """What :func:`pack` feeds, in one row without padding: turn ``n``'s tokens ``fed[n]``
+    at positions ``slices[n].length + k``, in the group of its source row, seeing that
+    row's first ``slices[n].length`` cached columns and its own earlier fed tokens only."""
+    # Deferred: torch takes seconds to import; only a model run needs it.
+    import torch
+
+    by_row: dict[int, list[int]] = {}
+    for n, row in enumerate(source.rows):
+        by_row.setdefault(row, []).append(n)
+    ids: list[int] = []
+    positions: list[int] = []
+    segments: dict[int, Segment] = {}
+    groups: list[SegmentGroup] = []
+    for row, turns in by_row.items():
+        start = len(ids)
+        cuts: list[int] = []
+        owner: list[int] = []
+        for n in turns:
+            cut = slices[n].length
+            segments[n] = Segment(0, len(ids), len(fed[n]))
+            ids += fed[n]
+            positions += range(cut, cut + len(fed[n]))
+            cuts += [cut] * len(fed[n])
+            owner += [n] * len(fed[n])
+        width = max(slices[n].length for n in turns)
+        cut_t = torch.tensor(cuts, dtype=torch.long)
+        owner_t = torch.tensor(owner, dtype=torch.long)
+        step = torch.arange(len(owner))
+        allowed = torch.cat(
+            [
+                torch.arange(width)[None, :] < cut_t[:, None],
+                (owner_t[:, None] == owner_t[None, :]) & (step[None, :] <= step[:, None]),
+            ],
+            dim=-1,
+        )
+        device = source.layers[0][0].device
+        groups.append(SegmentGroup(row, start, len(ids), width, allowed.to(device)))
+    return FlatRows(
+        torch.tensor([ids], dtype=torch.long),
+        torch.tensor([positions], dtype=torch.long),
+        [segments[n] for n in range(len(slices))],
+        groups,
     )

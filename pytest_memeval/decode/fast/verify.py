@@ -20,6 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_memeval.compat.segment_attention import (
+    segment_attention,
+    segment_attention_unavailable,
+)
 from pytest_memeval.compat.transformers import (
     KVCache,
     dynamic_cache,
@@ -31,7 +35,14 @@ from pytest_memeval.decode.batches import even_batches
 from pytest_memeval.decode.fast.answers import AnswerIndex
 from pytest_memeval.decode.fast.bounds import Bounds
 from pytest_memeval.decode.fast.forward import PendingTurn, ProvenOutputs
-from pytest_memeval.decode.fast.kvcache import CacheSlice, left_padded_cache, pack, packed_source
+from pytest_memeval.decode.fast.kvcache import (
+    CacheSlice,
+    PackedSource,
+    flatten,
+    left_padded_cache,
+    pack,
+    packed_source,
+)
 from pytest_memeval.decode.fast.logits import Checks, Segment, logit_checks
 from pytest_memeval.decode.fast.shared import Shared, Stage
 
@@ -150,6 +161,8 @@ class Verifier(Stage):
         self.max_batch_tokens = max_batch_tokens
         # Both computations number positions explicitly (each row from its own length).
         self.can_verify = forward_parameters(shared.loaded.model).position_ids
+        #: why segment attention cannot run on this model (``None``: it can), asked once
+        self._segments_unavailable: str | bool | None = False
 
     def settle(self, pool: Sequence[PendingTurn]) -> list[TurnOutput | None]:
         """Per turn of ``pool``, its output where the rounds settle it, else ``None`` (the
@@ -324,9 +337,10 @@ class Verifier(Stage):
     def packed_pass(self, rows: Sequence[Continuation]) -> VerifyPass | None:
         """What :meth:`cut_pass` computes for the same continuations (each from column 0 of
         a forward pass's cache), without cutting any cache: one pass over the caches as they
-        are, each row fed the tokens of all the turns it holds (:func:`~.kvcache.pack`). The
-        pass's cache is not kept. ``None`` when the caches are not plain full-attention
-        ones."""
+        are, in one row with segment attention where the model allows it
+        (:func:`~.kvcache.flatten`), else each row fed the tokens of all the turns it holds
+        (:func:`~.kvcache.pack`). The pass's cache is not kept. ``None`` when the caches are
+        not plain full-attention ones."""
         # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
@@ -336,9 +350,11 @@ class Verifier(Stage):
         source = packed_source(contexts)
         if source is None:
             return None
-        packed = pack(contexts, [c.tokens for c in rows], source, self.loaded.pad_id)
         self.stats.verify_passes += 1
         self.stats.verify_packed_passes += 1
+        if self.segments_unavailable() is None:
+            return self._flat_pass(rows, source)
+        packed = pack(contexts, [c.tokens for c in rows], source, self.loaded.pad_id)
         device = self.loaded.device
         with torch.inference_mode():
             inputs = {
@@ -352,3 +368,33 @@ class Verifier(Stage):
             # In fp32, as ``generate`` upcasts its next-token logits before the argmax.
             logits = out.logits.float()
         return VerifyPass(logits, packed.segments, None, [0] * len(rows))
+
+    def segments_unavailable(self) -> str | None:
+        """Why the packed pass cannot run in one row with segment attention (``None``: it
+        can), asked once per model."""
+        if self._segments_unavailable is False:
+            self._segments_unavailable = segment_attention_unavailable(self.loaded.model)
+        assert self._segments_unavailable is not True
+        return self._segments_unavailable
+
+    def _flat_pass(self, rows: Sequence[Continuation], source: PackedSource) -> VerifyPass:
+        """The packed pass in one row, no padding: each conversation's turns a group of
+        segment attention over its cache row as it is (``compat/segment_attention.py``;
+        no cache copied, no key repeated per query head)."""
+        # Deferred: torch takes seconds to import; only a model run needs it.
+        import torch
+
+        flat = flatten([c.context for c in rows], [c.tokens for c in rows], source)
+        device = self.loaded.device
+        inputs = {
+            "input_ids": flat.input_ids.to(device),
+            "position_ids": flat.positions.to(device),
+            "use_cache": False,
+        }
+        with (
+            torch.inference_mode(),
+            segment_attention(self.loaded.model, source.layers, flat.groups),
+        ):
+            # In fp32, as ``generate`` upcasts its next-token logits before the argmax.
+            logits = self.loaded.model(**inputs).logits.float()
+        return VerifyPass(logits, flat.segments, None, [0] * len(rows))
