@@ -135,7 +135,9 @@ def _family(name: str, n: int) -> list[Scenario]:
 def test_family_verified_turns_equal_the_reference(name: str, dtype: str) -> None:
     loaded = load_model(CHECKPOINTS / name, None, dtype=dtype)
     scenarios = _family(name, 3)
-    fast = FastDecoder(loaded, MAX_NEW)
+    # The verification pass itself: where the CPU's bf16 kernels are batch-invariant (the
+    # probe decides, by machine) exact mode would settle these turns instead.
+    fast = FastDecoder(loaded, MAX_NEW, exact=False)
     assert _outputs(fast.decode(scenarios)) == _reference(loaded, scenarios, MAX_NEW)
     assert fast.stats.verify_passes > 0
     assert fast.stats.verified > 0, fast.stats
