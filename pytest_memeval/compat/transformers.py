@@ -15,7 +15,8 @@ argument and as output attribute; ``logits_to_keep``) is resolved here.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -36,6 +37,7 @@ __all__ = [
     "full_attention_kv",
     "generate_with_logits",
     "lm_forward",
+    "output_rows",
     "vocab_size",
 ]
 
@@ -162,6 +164,32 @@ def lm_forward(
     # The output's cache attribute followed the argument's rename (transformers 5: ``cache``).
     kept = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     return LMOutput(out.logits, kept)
+
+
+@contextmanager
+def output_rows(model: Model, index: torch.Tensor) -> Iterator[bool]:
+    """Within the block, ``model``'s output embeddings compute only the positions ``index``
+    picks per batch row (``batch x k``, into the positions they are given, e.g. those of
+    ``logits_to_keep``): the logits come out ``batch x k x vocabulary``. A forward pre-hook
+    (public ``nn.Module`` API) gathers their input; yields ``False``, hooking nothing, where
+    the model has no output embedding module."""
+    import torch
+
+    head = base_model(model).get_output_embeddings()
+    if not isinstance(head, torch.nn.Module):
+        yield False
+        return
+
+    def gather(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = args[0]
+        picked = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+        return (picked, *args[1:])
+
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        yield True
+    finally:
+        handle.remove()
 
 
 @dataclass(frozen=True)
