@@ -52,7 +52,7 @@ __all__ = [
 #: The stored document's format; part of the key. Bump it when what is measured or how it
 #: is stored changes (a new section, a new kind of decision): older entries are then not
 #: reused.
-STORE_FORMAT = 3  # 2: the exact mode (bounds.ExactMode); 3: the packed pass in one row (verify)
+STORE_FORMAT = 4  # 2: exact mode; 3: the packed pass in one row; 4: per-row output rows
 
 #: How the calibration a decoder uses came about: measured by this process, or reused
 #: from the cache directory (measured by an earlier run or another worker).
