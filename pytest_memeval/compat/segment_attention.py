@@ -83,6 +83,16 @@ def _plain(kwargs: dict[str, Any]) -> bool:
     return all(kwargs.get(name) is None for name in _NOT_PLAIN)
 
 
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``allowed`` as an additive mask in ``dtype``: 0 where allowed, the dtype's minimum
+    elsewhere (as the modeling code's masks are)."""
+    import torch
+
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
+
+
 def _group_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -104,9 +114,7 @@ def _group_attention(
     scores = (
         torch.cat([q @ cached[0].transpose(-1, -2), q @ key.transpose(-1, -2)], dim=-1) * scaling
     )
-    scores = scores.view(kv_heads, groups, n, width + n)
-    mask = torch.zeros(allowed.shape, dtype=scores.dtype, device=scores.device)
-    scores = scores + mask.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    scores = scores.view(kv_heads, groups, n, width + n) + _additive(allowed, scores.dtype)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = weights.view(kv_heads, groups * n, width + n)
     out = weights[..., :width] @ cached[1] + weights[..., width:] @ value
@@ -129,8 +137,7 @@ def _own_group_attention(
 
     keys = torch.cat([cached[0], key], dim=-2)[None]
     values = torch.cat([cached[1], value], dim=-2)[None]
-    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
-    mask = mask.masked_fill(~allowed, torch.finfo(query.dtype).min)[None, None]
+    mask = _additive(allowed, query.dtype)[None, None]
     attend = own_attention(module, implementation)
     out, _ = attend(module, query[None], keys, values, mask, **kwargs)
     # attention functions return batch x tokens x heads x d
