@@ -24,6 +24,13 @@ ADAPTERS = DEMO / "checkpoint" / "adapters"
 UNIT = Path(__file__).resolve().parent / "unit"
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
+# The pytest runs the tests start (pytester projects, subprocesses) leave out two plugins
+# installed for the suite itself that have nothing to do with an eval: hypothesis's (which
+# imports hypothesis at session end) and anyio's. On the 2-core CI machine they cost about 2 s
+# per process, 6 s per `-n 2` run, over hundreds of runs.
+UNRELATED_PLUGINS_OFF = "-p no:hypothesispytest -p no:anyio"
+INNER_ADDOPTS = f"-p no:cacheprovider -p no:randomly {UNRELATED_PLUGINS_OFF}"
+
 EVAL_MODULE = "from pytest_memeval.evaluation import test_final_query, test_turns  # noqa: F401\n"
 
 
@@ -56,7 +63,7 @@ def write_project(
     pyproject = textwrap.dedent(
         f"""
         [tool.pytest.ini_options]
-        addopts = "-p no:cacheprovider -p no:randomly"
+        addopts = "{INNER_ADDOPTS}"
         {ini}
 
         [tool.memeval.ckpt.demo]
@@ -167,11 +174,50 @@ def smollm2_gguf() -> Path:
         pytest.skip(f"the real model could not be fetched: {exc}")
 
 
+# The integration modules that take longest (measured on the 2-core CI machine, 2026-12-02:
+# together a third of the suite). Under ``-n`` they are handed out first, so that no worker is
+# left running one of them alone at the end.
+LONGEST_FIRST = ("test_real_model", "test_families", "test_habits", "test_options")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n N`` without an explicit ``--dist``: schedule by module (each integration
+    module's tests on one worker, so its module and session fixtures, models and plain-loop
+    outputs, are built once as in a serial run), in the order the items are collected in."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # a worker: xdist set its options from the command line
+        config.option.loadgroup = workerinput.get("tests_by_module", False)
+        return
+    if not getattr(config.option, "numprocesses", None) or config.option.dist != "load":
+        return
+    given = config.invocation_params.args
+    if any(str(arg).startswith(("--dist", "-d")) for arg in given):
+        return
+    config.option.dist = "loadgroup"
+    config.option.loadscopereorder = False  # xdist would put the modules with most tests first
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each xdist worker whether the run is scheduled by module (see above)."""
+    node.workerinput["tests_by_module"] = node.config.option.dist == "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test ``unit`` or ``integration`` by its folder, so that no file repeats it
-    (``-m unit`` is the millisecond tests, ``-m "not slow"`` the inner loop)."""
+    (``-m unit`` is the millisecond tests, ``-m "not slow"`` the inner loop); group each
+    integration module for ``--dist loadgroup`` and put the longest ones first."""
     for item in items:
         if item.path.is_relative_to(UNIT):
             item.add_marker(pytest.mark.unit)
         elif item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+    def rank(item: pytest.Item) -> int:
+        stem = item.path.stem
+        in_front = item.path.is_relative_to(INTEGRATION) and stem in LONGEST_FIRST
+        return LONGEST_FIRST.index(stem) if in_front else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every module keeps its own order

@@ -14,7 +14,7 @@ import pytest
 
 from pytest_memeval.core.ids import item_name
 
-from ..conftest import EVAL_MODULE, write_jsonl
+from ..conftest import EVAL_MODULE, INNER_ADDOPTS, write_jsonl
 from ..runfactory import benchmark_with_ids, replay_prediction
 
 # Slow: every test runs pytest subprocesses on a replay project.
@@ -35,7 +35,7 @@ def project(pytester: pytest.Pytester) -> Path:
         textwrap.dedent(
             f"""
             [tool.pytest.ini_options]
-            addopts = "-p no:cacheprovider -p no:randomly"
+            addopts = "{INNER_ADDOPTS}"
 
             [tool.memeval.ckpt.r]
             kind = "replay"

@@ -31,7 +31,7 @@ from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.preflight import context_limit, preflight
 from pytest_memeval.model.prompts import scenario_prompts
 
-from ..conftest import BASE_MODEL, MemevalProject, write_jsonl
+from ..conftest import BASE_MODEL, INNER_ADDOPTS, MemevalProject, write_jsonl
 from ..families import (
     CHECKPOINTS,
     FAMILIES,
@@ -279,7 +279,7 @@ def test_token_guard_flags_a_doubled_bos_in_a_users_profile(
         pyproject=textwrap.dedent(
             f"""
             [tool.pytest.ini_options]
-            addopts = "-p no:cacheprovider -p no:randomly"
+            addopts = "{INNER_ADDOPTS}"
 
             [tool.memeval.ckpt.mine]
             model = "{model.as_posix()}"

@@ -22,7 +22,7 @@ from pytest_memeval.model.checks import CheckpointError, check_model_dir, finger
 from pytest_memeval.model.gguf import PROVENANCE, convert_gguf
 from pytest_memeval.tools.cli import main
 
-from ..conftest import EVAL_MODULE, MemevalProject, write_jsonl
+from ..conftest import EVAL_MODULE, INNER_ADDOPTS, MemevalProject, write_jsonl
 from ..families import FAMILIES, family_records
 from ..ggufs import TINY_LLAMA, write_tiny_gguf
 from ..plainloop import plain_loop, predicted, record_outputs
@@ -116,7 +116,7 @@ def _project(project: MemevalProject, tiny: Path, *, extra: str = "") -> list[di
         textwrap.dedent(
             f"""
             [tool.pytest.ini_options]
-            addopts = "-p no:cacheprovider -p no:randomly"
+            addopts = "{INNER_ADDOPTS}"
             memeval_cache_dir = ".cache"
 
             [tool.memeval.ckpt.tiny]

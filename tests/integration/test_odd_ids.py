@@ -34,7 +34,7 @@ from markupsafe import escape  # the report's (Jinja2's) escaper: ' as &#39;, " 
 from pytest_memeval.core.ids import IdMap, item_name, param_id
 from pytest_memeval.tools.cli import main
 
-from ..conftest import EVAL_MODULE, write_jsonl
+from ..conftest import EVAL_MODULE, UNRELATED_PLUGINS_OFF, write_jsonl
 from ..runfactory import benchmark_with_ids as _benchmark
 from ..runfactory import read_jsonl
 from ..runfactory import replay_prediction as _prediction
@@ -106,7 +106,7 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
         textwrap.dedent(
             f"""
             [tool.pytest.ini_options]
-            addopts = "-p no:randomly"
+            addopts = "-p no:randomly {UNRELATED_PLUGINS_OFF}"
 
             [tool.memeval.ckpt.a]
             kind = "replay"

@@ -6,11 +6,11 @@ multi-turn memory-recall benchmark written for this model (facts it must acknowl
 "Noted.", questions answered from earlier turns, German, Spanish and Japanese text,
 aligned and unaligned memory chains, one scenario without a chain), the fast and the
 reference decoders must predict every turn exactly as a plain per-turn ``generate`` loop
-(tests/plainloop.py) does on the model transformers loads from the GGUF file itself, in float32 and
-bfloat16, with and without a random LoRA adapter on q/k/v/o (in bfloat16 the fast path's
-pending turns are decoded by its exact stage, whose mode the calibration decides; in
-float32 the probe turns it off); a plugin run under ``-n 0`` and under ``-n 2`` must write
-the same records.
+(tests/plainloop.py) does on the model transformers loads from the GGUF file itself: in float32
+with and without a random LoRA adapter on q/k/v/o, in bfloat16 with it (there the fast path's
+pending turns are decoded by its exact stage, whose mode the calibration decides; in float32
+the probe turns it off), teacher-forced and free-running; a plugin run under ``-n 0`` and
+under ``-n 2`` must write the same records.
 
 Slow: about a second per generated turn on one thread; the benchmark is small (6
 scenarios, 17 assistant turns, answers of at most 12 tokens). In float32 the model is right on
@@ -40,7 +40,7 @@ from pytest_memeval.model.loading import load_model
 from pytest_memeval.tools.cli import main
 from pytest_memeval.tools.fetch import MODELS
 
-from ..conftest import EVAL_MODULE, MemevalProject
+from ..conftest import EVAL_MODULE, INNER_ADDOPTS, MemevalProject
 from ..families import build_adapter
 from ..plainloop import (
     Outputs,
@@ -89,17 +89,26 @@ class Smol:
             ).eval()
         return self._models[dtype]
 
+    def plain_model(self, dtype: str, with_adapter: bool) -> Any:
+        """The GGUF file's model, with the random LoRA adapter applied by peft if asked
+        (a copy: the plain model stays plain)."""
+        if not with_adapter:
+            return self.gguf_model(dtype)
+        key = f"{dtype}+lora"
+        if key not in self._models:
+            from peft import PeftModel
+
+            base = copy.deepcopy(self.gguf_model(dtype))
+            self._models[key] = PeftModel.from_pretrained(base, str(self.adapter)).eval()
+        return self._models[key]
+
     def expected(self, dtype: str, with_adapter: bool) -> dict[str, Outputs]:
         """The plain loop's outputs by scenario id (computed once per setting)."""
         key = (dtype, with_adapter)
         if key not in self._expected:
-            model = self.gguf_model(dtype)
-            if with_adapter:
-                from peft import PeftModel
-
-                model = PeftModel.from_pretrained(copy.deepcopy(model), str(self.adapter))
+            model = self.plain_model(dtype, with_adapter)
             self._expected[key] = {
-                s.id: plain_loop(model.eval(), self.gguf_tokenizer, s.messages, MAX_NEW)
+                s.id: plain_loop(model, self.gguf_tokenizer, s.messages, MAX_NEW)
                 for s in scenarios()
             }
         return self._expected[key]
@@ -172,19 +181,20 @@ def test_conversion_holds_what_transformers_loads_from_the_file(smol: Smol) -> N
 
 
 # --------------------------------------------------------------------------- decoders
-SETTINGS = [
-    ("float32", False),
-    ("float32", True),
-    ("bfloat16", False),
-    ("bfloat16", True),
-]
+# bf16 base is left out: on a CPU without native bf16 (AVX2 only) each bf16 setting costs
+# four minutes, and bf16 with the adapter runs what bf16 base does (the exact stage and its
+# probe) plus the adapter's fp32 LoRA weights row by row. The exact stage on bf16 models without
+# an adapter is tested on the model families (test_fast_exact.py).
+def settings(*pairs: tuple[str, bool]) -> list[Any]:
+    """``(dtype, with_adapter)`` parameters named ``float32-base``, ``bfloat16-lora``..."""
+    return [pytest.param(d, a, id=f"{d}-{'lora' if a else 'base'}") for d, a in pairs]
 
 
-@pytest.mark.parametrize(
-    ("dtype", "with_adapter"),
-    SETTINGS,
-    ids=[f"{d}-{'lora' if a else 'base'}" for d, a in SETTINGS],
-)
+SETTINGS = settings(("float32", False), ("float32", True), ("bfloat16", True))
+FREE_RUNNING = settings(("float32", False), ("bfloat16", True))
+
+
+@pytest.mark.parametrize(("dtype", "with_adapter"), SETTINGS)
 def test_fast_and_reference_decoders_equal_the_plain_loop(
     smol: Smol, dtype: str, with_adapter: bool
 ) -> None:
@@ -214,22 +224,26 @@ def test_fast_and_reference_decoders_equal_the_plain_loop(
         assert mode.reason is not None and "batch-variant kernel" in mode.reason, mode.reason
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_free_running_fast_and_reference_equal_the_plain_loop(smol: Smol, dtype: str) -> None:
+@pytest.mark.parametrize(("dtype", "with_adapter"), FREE_RUNNING)
+def test_free_running_fast_and_reference_equal_the_plain_loop(
+    smol: Smol, dtype: str, with_adapter: bool
+) -> None:
     """Free-running (``history="model"``) on the real model: the fast path's rollouts, the
     reference's, and a user's own free-running loop on the model transformers loads from the
     GGUF file agree turn by turn; up to its first departure each scenario's turns are the
-    teacher-forced ones."""
-    loaded = load_model(smol.conversion.directory, None, dtype=dtype)
+    teacher-forced ones. (The teacher-forced outputs are those of the decoder test's setting.)"""
+    loaded = load_model(
+        smol.conversion.directory, smol.adapter if with_adapter else None, dtype=dtype
+    )
     reference = ReferenceDecoder(loaded, MAX_NEW, history="model")
     fast = make_model_decoder("fast", loaded, MAX_NEW, "model")
     fast.prefetch(scenarios())
     left = 0
-    teacher_forced = smol.expected(dtype, False)
+    teacher_forced = smol.expected(dtype, with_adapter)
+    model = smol.plain_model(dtype, with_adapter)
     for scenario in scenarios():
         mine = rollout_outputs(fast.rollout(scenario))
         assert rollout_outputs(reference.rollout(scenario)) == mine, scenario.id
-        model = smol.gguf_model(dtype)
         assert plain_free_running(model, smol.gguf_tokenizer, scenario.messages, MAX_NEW) == (
             mine
         ), scenario.id
@@ -286,7 +300,7 @@ def test_plugin_runs_under_n0_and_n2_write_the_same_records(
         textwrap.dedent(
             f"""
             [tool.pytest.ini_options]
-            addopts = "-p no:cacheprovider -p no:randomly"
+            addopts = "{INNER_ADDOPTS}"
 
             [tool.memeval.ckpt.smol]
             model = "models/SmolLM2 copy.gguf"
