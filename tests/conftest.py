@@ -174,6 +174,14 @@ def smollm2_gguf() -> Path:
         pytest.skip(f"the real model could not be fetched: {exc}")
 
 
+# What xdist puts in a worker's environment to mark it (see pytest_configure).
+XDIST_WORKER_ENVIRONMENT = (
+    "PYTEST_XDIST_WORKER",
+    "PYTEST_XDIST_WORKER_COUNT",
+    "PYTEST_XDIST_TESTRUNUID",
+)
+_WORKER_MARK = pytest.StashKey[dict[str, str]]()
+
 # The integration modules that take longest (measured on the 2-core CI machine, 2026-12-02:
 # together a third of the suite). Under ``-n`` they are handed out first, so that no worker is
 # left running one of them alone at the end.
@@ -187,6 +195,14 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:  # a worker: xdist set its options from the command line
         config.option.loadgroup = workerinput.get("tests_by_module", False)
+        # xdist marks this process as a worker in its environment; the pytest runs the tests
+        # start (in process and in subprocesses) would inherit the mark and take themselves
+        # for xdist workers too (memeval's and syrupy's worker checks read it). Users start
+        # pytest from a shell, so the tests do; the mark is put back for the session's end,
+        # where this worker's own syrupy reads it.
+        config.stash[_WORKER_MARK] = {
+            name: os.environ.pop(name) for name in XDIST_WORKER_ENVIRONMENT if name in os.environ
+        }
         return
     if not getattr(config.option, "numprocesses", None) or config.option.dist != "load":
         return
@@ -195,6 +211,14 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     config.option.dist = "loadgroup"
     config.option.loadscopereorder = False  # xdist would put the modules with most tests first
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session) -> Any:
+    """An xdist worker: put its environment mark back (see pytest_configure) before the
+    plugins' own session-finish hooks run."""
+    os.environ.update(session.config.stash.get(_WORKER_MARK, {}))
+    return (yield)
 
 
 @pytest.hookimpl(optionalhook=True)
