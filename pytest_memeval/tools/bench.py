@@ -261,10 +261,12 @@ def _describe_stats(stats: DecodeStats) -> str:
             f"{stats.generate_turns} left to generate ({stats.generate_grown_drafts} "
             "from a draft the pass made longer)"
         )
-    if stats.exact_turns:
+    if stats.exact_turns or stats.exact_cached_turns:
         text += (
-            f"; {stats.exact_turns} generated turns settled by exact steps "
-            f"({stats.exact_steps} batched steps, {stats.exact_tokens} tokens)"
+            f"; exact steps: {stats.exact_cached_turns} generated turns settled from the "
+            f"forward pass's cache, {stats.exact_turns} from the reference's own prefill "
+            f"({stats.exact_cached_near_tie} of them after a near tie from the cache); "
+            f"{stats.exact_steps} batched steps, {stats.exact_tokens} tokens"
         )
     if stats.reference_scenarios:
         text += f"; {stats.reference_scenarios} scenarios on the reference path"
@@ -284,6 +286,7 @@ def _describe_disagreement(fast: FastDecoder) -> list[str]:
         "step": "later answer tokens (forward pass vs generate's cached steps)",
         "generate": "fast generate (cropped cache, batched) vs the reference call",
         "verify": "verification pass (cached multi-token forward) vs the reference call",
+        "row_step": "exact steps from the forward pass's cache vs the reference call",
     }
     assert set(labels) == set(KINDS)
     bounds = fast.bounds

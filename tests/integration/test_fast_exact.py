@@ -6,7 +6,7 @@ mode's result survives a JSON round trip with the calibration.
 
 The bf16 cases use the demo's base model without an adapter: peft keeps a LoRA adapter's
 weights in fp32 under a bf16 model, and on the 64-wide demo model its r=16 weights are more
-than :data:`~pytest_memeval.decode.fast.exact.ROW_BY_ROW_SHARE` of the linear parameters."""
+than :data:`~pytest_memeval.decode.fast.probe.ROW_BY_ROW_SHARE` of the linear parameters."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
 from pytest_memeval.decode import Rollout
-from pytest_memeval.decode.fast import Calibration, ExactMode, FastDecoder
-from pytest_memeval.decode.fast.exact import ExactStage, probe_linear_rows
+from pytest_memeval.decode.fast import Calibration, Disagreement, ExactMode, FastDecoder
+from pytest_memeval.decode.fast.exact import ExactStage
+from pytest_memeval.decode.fast.probe import probe_linear_rows
 from pytest_memeval.decode.fast.shared import Shared
 from pytest_memeval.decode.reference import ReferenceDecoder, reference_steps
 from pytest_memeval.model.loading import LoadedModel, load_model
@@ -120,12 +121,64 @@ def test_bf16_demo_mode_is_off_says_why_and_predicts_as_the_reference(
     assert _outputs(decoder.decode(scenarios)) == _reference(loaded, scenarios)
     mode = decoder.exact_mode
     if mode.on:  # a CPU whose kernels batch exactly: then checked end to end
-        assert mode.checked_steps > 0 and decoder.stats.exact_turns == decoder.stats.generated
+        stats = decoder.stats
+        assert mode.checked_steps > 0
+        assert stats.exact_turns + stats.exact_cached_turns == stats.generated
         return
     assert mode.reason == probe_linear_rows(loaded.model).reason
     assert mode.reason is not None and "may run row by row" in mode.reason
     assert decoder.stats.exact_mode == f"off: {mode.reason}"
     assert decoder.stats.exact_turns == 0
+
+
+def _mode_on(loaded: LoadedModel, row_step: Disagreement | None) -> FastDecoder:
+    """A decoder using this model's calibration with exact mode on (the probe's rows, the
+    demo's 64-wide weights allowed to run row by row as in the tests above) and ``row_step``
+    measured as given (``None``: not measured); skips where the probe finds no batch."""
+    probe = probe_linear_rows(loaded.model, share=1.0)
+    if not probe.on:
+        pytest.skip(f"this CPU's bf16 linear kernels are batch-variant: {probe.reason}")
+    first = FastDecoder(loaded, MAX_NEW)
+    first.decode(_scenarios(1))
+    assert first.measured is not None
+    measured = {k: d for k, d in first.measured.measured.items() if k != "row_step"}
+    if row_step is not None:
+        measured["row_step"] = row_step
+    decoder = FastDecoder(loaded, MAX_NEW)
+    decoder.use_calibration(
+        replace(first.measured, measured=measured, exact=replace(probe, checked_steps=1))
+    )
+    assert decoder.exact_mode.on
+    return decoder
+
+
+def test_pending_turns_continue_from_the_forward_cache_and_predict_as_the_reference(
+    bf16: LoadedModel,
+) -> None:
+    """Exact mode on: every pending turn is first continued in exact steps from the forward
+    pass's cache, each decision read with the ``row_step`` bound, and decoded from the
+    reference's own prefill where one is a near tie. The predictions are the reference
+    path's, and both routes were taken."""
+    # ``row_step`` as measured on the demo: 0 ulp everywhere, so the bound is the prior's.
+    decoder = _mode_on(bf16, Disagreement((0.0,), (0.0,)))
+    assert decoder.bounds.ulps["row_step"] == 3.0
+    scenarios = _scenarios(12)
+    assert _outputs(decoder.decode(scenarios)) == _reference(bf16, scenarios)
+    stats = decoder.stats
+    assert stats.exact_cached_turns > 0 and stats.exact_cached_near_tie > 0
+    assert stats.exact_cached_turns + stats.exact_turns == stats.generated
+    assert stats.exact_turns == stats.exact_cached_near_tie == stats.exact_prefills
+    assert stats.handed_to_reference == 0
+
+
+def test_without_a_row_step_measurement_pending_turns_are_prefilled(bf16: LoadedModel) -> None:
+    """A calibration that did not measure ``row_step`` (the kind's bound would be the prior's
+    alone) leaves the forward pass's cache unused: every pending turn is prefilled."""
+    decoder = _mode_on(bf16, None)
+    scenarios = _scenarios(4)
+    assert _outputs(decoder.decode(scenarios)) == _reference(bf16, scenarios)
+    assert decoder.stats.exact_cached_turns == decoder.stats.exact_cached_near_tie == 0
+    assert decoder.stats.exact_turns == decoder.stats.generated > 0
 
 
 def test_exact_mode_forced_off_gives_the_same_predictions(bf16: LoadedModel) -> None:

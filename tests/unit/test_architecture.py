@@ -277,6 +277,7 @@ FAST_MODULES = (
     "pool",
     "verify",
     "generate",
+    "probe",
     "exact",
     "calibration",
     "stored",

@@ -31,8 +31,11 @@ The package is the decoder's stages, one module each, in the order a scenario me
 * ``verify.py`` (with ``answers.py``, its guesses): the verification rounds and their two
   computations;
 * ``generate.py``: pooled cached ``generate`` for the rest;
-* ``exact.py``: in exact mode, instead of verify and generate, the pending turns decoded bit
-  for bit as the reference decodes them (its prefill, then batched single-token steps);
+* ``probe.py``: which linear kernels batch rows exactly (the exact stage's precondition);
+* ``exact.py``: in exact mode, instead of verify and generate, the pending turns decoded in
+  batched single-token steps, continued from the forward pass's cache (each decision read
+  with the ``row_step`` bound), and from the reference's own prefill, bit for bit, where one
+  is a near tie;
 * ``calibration.py``: measuring the fast path's computations against the reference call;
 * ``stored.py``: calibrations kept in the cache directory, measured once per model and
   setting and reused by later runs and other workers;

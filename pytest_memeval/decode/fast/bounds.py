@@ -42,9 +42,12 @@ __all__ = [
 #: positions vs ``generate``'s cached steps; ``generate``: the fast path's batched generation
 #: from the cropped cache vs ``generate``'s steps on the full prompt; ``verify``: the
 #: verification pass (one cached multi-token forward pass over a guessed continuation, see
-#: ``verify.py``) vs ``generate``'s steps on the full prompt.
-Kind: TypeAlias = Literal["first", "step", "generate", "verify"]
-KINDS: tuple[Kind, ...] = ("first", "step", "generate", "verify")
+#: ``verify.py``) vs ``generate``'s steps on the full prompt; ``row_step``: in exact mode,
+#: single-token steps of many rows with per-row attention (``exact.py``) continuing from the
+#: forward pass's cache vs ``generate``'s steps on the full prompt (the steps compute as
+#: ``generate``'s do; only the prompt's cache is the forward pass's).
+Kind: TypeAlias = Literal["first", "step", "generate", "verify", "row_step"]
+KINDS: tuple[Kind, ...] = ("first", "step", "generate", "verify", "row_step")
 
 #: Bounds used where no measurement exists (a kind of decision the calibration did not see, or
 #: ``calibrate=False``): the fixed margins of earlier releases, far above any disagreement
@@ -69,7 +72,7 @@ MANTISSA_BITS: dict[str, int] = {"float32": 23, "float64": 52, "float16": 10, "b
 #: one ulp at about 2% of positions, which a small calibration sample can miss. Half an ulp
 #: for ``first`` is the smallest difference rounding to the dtype can leave.
 PRIOR_ULPS: dict[str, dict[Kind, float]] = {
-    dtype: {"first": 0.5, "step": 1.0, "generate": 1.0, "verify": 1.0}
+    dtype: {"first": 0.5, "step": 1.0, "generate": 1.0, "verify": 1.0, "row_step": 1.0}
     for dtype in ("float16", "bfloat16")
 }
 

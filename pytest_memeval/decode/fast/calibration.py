@@ -7,12 +7,13 @@ logits, and compared position by position, while it follows the truth, with the
 teacher-forced logits (kinds ``first`` and ``step``), with the fast path's cached batched
 generation of the same turns (``generate``), and with both computations of the verification
 pass fed the reference's own tokens (``verify``). It also decides the exact mode
-(:class:`~.bounds.ExactMode`): the linear probe (``exact.probe_linear_rows``), then the same
-turns decoded by the exact stage, which must give the reference's logits bit for bit at
-every step. The result is a :class:`~.bounds.Calibration`: plain data the bounds are
-computed from (``bounds.py``), with the exact mode. The
-calibrated turns are then decoded like any other (so how a turn was decided does not depend
-on which turns a process happened to calibrate on).
+(:class:`~.bounds.ExactMode`): the linear probe (``probe.probe_linear_rows``), then the same
+turns decoded by the exact stage from the reference's prefill, which must give the
+reference's logits bit for bit at every step; where the mode is on, the exact stage's steps
+from the forward pass's cache are measured too (``row_step``). The result is a
+:class:`~.bounds.Calibration`: plain data the bounds are computed from (``bounds.py``), with
+the exact mode. The calibrated turns are then decoded like any other (so how a turn was
+decided does not depend on which turns a process happened to calibrate on).
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from pytest_memeval.decode.fast.bounds import (
     Kind,
     Setting,
 )
-from pytest_memeval.decode.fast.exact import ExactStage, probe_linear_rows
-from pytest_memeval.decode.fast.forward import ForwardPass
+from pytest_memeval.decode.fast.exact import ExactStage
+from pytest_memeval.decode.fast.forward import ForwardPass, PendingTurn
 from pytest_memeval.decode.fast.generate import GenerateRow, Generator
 from pytest_memeval.decode.fast.kvcache import CacheSlice
 from pytest_memeval.decode.fast.plan import ScenarioPlan, TurnPlan
+from pytest_memeval.decode.fast.probe import probe_linear_rows
 from pytest_memeval.decode.fast.shared import Shared, Stage
 from pytest_memeval.decode.fast.verify import Continuation, Verifier
 from pytest_memeval.decode.reference import ReferenceSteps, reference_steps
@@ -218,6 +220,7 @@ class Calibrator(Stage):
         ]
         for p, reference in zip(picked, references, strict=True):
             self._teacher_forced(measured, passed, p, reference)
+        samples: list[_Sample] = []
         if picked and passed.cache is not None:
             cache = passed.cache
             samples = [
@@ -229,6 +232,8 @@ class Calibrator(Stage):
         exact = None
         if self.exact is not None:
             exact = self.exact_mode([p.turn.prompt.ids for p in picked], references)
+            if exact.on and samples:
+                self._row_steps(measured, samples, exact)
         self.stats.calibration_turns += len(picked)
         self.seconds.calibration += time.perf_counter() - started
         return Calibration(setting, len(picked), measured.disagreement(), exact)
@@ -297,6 +302,24 @@ class Calibrator(Stage):
                 if reference.tokens[:j] != fast_tokens[:j]:
                     break
                 measured.add("generate", a, b)
+
+    def _row_steps(
+        self, measured: _Measurements, samples: Sequence[_Sample], mode: ExactMode
+    ) -> None:
+        """``row_step``: the exact stage's batched steps continuing from the forward pass's
+        cache of each prompt (feeding its last token: the first answer token's logits come
+        from a step too), while they produce the reference's tokens."""
+        assert self.exact is not None
+        pending = [PendingTurn(s.picked.row, 0, s.picked.turn, (), s.context) for s in samples]
+        turns = self.exact.continue_cached(pending, mode, keep_logits=True)
+        for turn, sample in zip(turns, samples, strict=True):
+            if turn is None:
+                continue
+            reference = sample.reference
+            for j, (a, b) in enumerate(zip(turn.logits, reference.logits, strict=False)):
+                if reference.tokens[:j] != list(turn.tokens[:j]):
+                    break
+                measured.add("row_step", a, b)
 
     def _verify(self, measured: _Measurements, samples: Sequence[_Sample]) -> None:
         """``verify``: both computations of the verification pass (packed, as in a first

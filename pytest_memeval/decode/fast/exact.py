@@ -1,19 +1,28 @@
-"""Exact steps: pending turns decoded greedily bit for bit as the reference call decodes them.
+"""Exact steps: pending turns decoded greedily in batched single-token steps, as ``generate``'s
+steps compute them.
 
-A turn's prefill is the reference's own call, ``generate(prompt, max_new_tokens=1)``: it
-gives the first token, its logits and the prompt's key/value cache. Then many turns take
-their single-token steps together, one model call per step: the linear layers run on all
-rows at once, and attention runs per row over that row's own cache, grown by ``torch.cat``
-exactly as ``DynamicLayer.update`` grows it, with the model's own attention function
-(``compat/row_attention.py``). Rows leave at a stop id or at the token budget, and waiting
-turns take their places (prefilled as they join). Each row then computes the same
-functions, on the same shapes, from the same input bits as the reference call's batch-1
-step, so its logits are the reference's bit for bit *provided* the linear kernels give a
-row the same bits whatever the number of rows beside it: :func:`probe_linear_rows` checks
-that for every linear weight shape of the model, and the calibration checks the whole
-computation end to end on its turns (``calibration.py``); together they make the
-:class:`~.bounds.ExactMode`. No margin bound is needed for what this stage decides: an exact
-tie breaks as the reference's ``argmax`` breaks it. See ``docs/decoding.md``, "Exact steps".
+Many turns take their single-token steps together, one model call per step: the linear
+layers run on all rows at once, and attention runs per row over that row's own cache, grown
+by ``torch.cat`` exactly as ``DynamicLayer.update`` grows it, with the model's own attention
+function (``compat/row_attention.py``). Rows leave at a stop id or at the token budget, and
+waiting turns take their places. Each row computes the same functions, on the same shapes,
+from the same input bits as a batch-1 ``generate`` step, *provided* the linear kernels give a
+row the same bits whatever the number of rows beside it: ``probe.py`` checks that for every
+linear weight shape of the model, and the calibration checks the whole computation end to
+end on its turns (``calibration.py``); together they make the :class:`~.bounds.ExactMode`.
+
+A pending turn starts from one of two caches:
+
+* **the forward pass's** (:meth:`ExactStage.continue_cached`): its prompt and draft are
+  already cached, so the steps cost no prefill. Only the prompt's cache differs from the
+  reference's (the forward pass computed it inside the conversation), so each decision is
+  read with the ``row_step`` bound the calibration measured; a near tie sends the turn on to
+* **the reference's own prefill** (:meth:`ExactStage.decode`), ``generate(prompt,
+  max_new_tokens=1)``: the first token, its logits and the prompt's cache, all the
+  reference's. From there every logit has the reference's bits, no bound is needed, and an
+  exact tie breaks as the reference's ``argmax`` breaks it.
+
+See ``docs/decoding.md``, "Exact steps".
 """
 
 from __future__ import annotations
@@ -32,7 +41,6 @@ from pytest_memeval.compat.row_attention import (
     row_attention_unavailable,
 )
 from pytest_memeval.compat.transformers import (
-    Model,
     forward_parameters,
     full_attention_kv,
     generate_with_logits,
@@ -40,153 +48,15 @@ from pytest_memeval.compat.transformers import (
 from pytest_memeval.decode._types import TurnOutput
 from pytest_memeval.decode.fast.bounds import ExactMode
 from pytest_memeval.decode.fast.forward import PendingTurn
+from pytest_memeval.decode.fast.logits import logit_checks
+from pytest_memeval.decode.fast.probe import matmul_modules, weight_name
 from pytest_memeval.decode.fast.shared import Shared, Stage
 from pytest_memeval.decode.reference import decode_new_tokens, greedy_settings, reference_steps
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "EXACT_ROWS",
-    "ROW_BY_ROW_SHARE",
-    "ExactStage",
-    "ExactTurn",
-    "matmul_modules",
-    "probe_linear_rows",
-    "weight_name",
-]
-
-#: The most rows one exact step runs (the probe looks no further). On this CPU in bf16
-#: (oneDNN) every linear shape of SmolLM2-135M gives rows bit-identical to one row alone up
-#: to 28 rows; a step of 16 rows cost about twice a batch-1 step (the per-row attention
-#: calls, not the linear layers, grow with the rows), so more rows gain little, and the
-#: probe's cost grows with the square of this number (its lm_head groups).
-EXACT_ROWS = 16
-#: The largest share of the model's linear parameters that may run row by row in an exact
-#: step (weights whose kernel is batch-variant already at two rows): peft keeps LoRA's A and
-#: B in fp32 under a 16-bit model, and fp32 kernels here are batch-variant, but they are a
-#: small part of the work (r=8 on SmolLM2-135M: 0.7% of its linear parameters).
-ROW_BY_ROW_SHARE = 0.1
-#: Random rows the probe computes per weight (alone, then in groups of each size), and the
-#: multiply-adds it spends per group size and weight: a large weight gets fewer rows (the
-#: lm_head of SmolLM2-135M, 49152x576: :data:`EXACT_ROWS` alone, one group of each size).
-PROBE_POOL = 256
-PROBE_BUDGET = 1 << 27
-
-
-def matmul_modules(model: Model) -> list[torch.nn.Module]:
-    """The modules of ``model`` that multiply rows by a weight matrix: ``nn.Linear`` (peft's
-    LoRA A and B included) and transformers' ``Conv1D`` (GPT-2's projections)."""
-    import torch
-    from transformers.pytorch_utils import Conv1D
-
-    return [m for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
-
-
-def _features(module: torch.nn.Module) -> tuple[int, int]:
-    """``(in, out)`` of a matmul module (``Conv1D`` stores its weight ``in x out``)."""
-    w = module.weight
-    assert isinstance(w, _tensor())
-    return (w.shape[1], w.shape[0]) if hasattr(module, "in_features") else (w.shape[0], w.shape[1])
-
-
-def _size(module: torch.nn.Module) -> int:
-    w = module.weight
-    assert isinstance(w, _tensor())
-    return int(w.numel())
-
-
-def weight_name(module: torch.nn.Module) -> str:
-    """A matmul module's kernel class: ``"out x in dtype"`` (``" +bias"`` with a bias)."""
-    w = module.weight
-    assert isinstance(w, _tensor())
-    inputs, outputs = _features(module)
-    name = f"{outputs}x{inputs} {str(w.dtype).removeprefix('torch.')}"
-    return name + (" +bias" if getattr(module, "bias", None) is not None else "")
-
-
-def _rows_alone_equal(module: torch.nn.Module, limit: int, seed: int) -> int:
-    """The largest ``R <= limit`` such that the module over ``M <= R`` rows gave every row
-    the bits it got alone, over a pool of :func:`_pool_rows` random rows (1: two rows
-    already differed)."""
-    import torch
-
-    weight = module.weight
-    assert isinstance(weight, torch.Tensor)
-    pool = _pool_rows(weight.numel(), limit)
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(pool, _features(module)[0], generator=generator)
-    # Spread over 2**-8..2**8: sums of products that need rounding, so that two kernels
-    # summing in different orders show it. The difference can be rare (1 output in 10,000
-    # for a 64x64 bf16 weight here, none at plain normal inputs in 2,000): hence the pool.
-    x *= torch.exp2(torch.randint(-8, 9, x.shape, generator=generator).float())
-    x = x.to(dtype=weight.dtype, device=weight.device)
-    alone: list[torch.Tensor] = []  # row i alone, computed as the groups reach it
-    tried = min(pool, PROBE_BUDGET // max(1, weight.numel()))
-    for m in range(2, limit + 1):
-        for start in range(0, max(m, tried) - m + 1, m):
-            alone += [module(x[i : i + 1]) for i in range(len(alone), start + m)]
-            together = module(x[start : start + m])
-            if not torch.equal(together, torch.cat(alone[start : start + m])):
-                return m - 1
-    return limit
-
-
-def _pool_rows(weight_size: int, limit: int) -> int:
-    """Rows the probe tries per weight, alone and in groups of each size: up to
-    :data:`PROBE_POOL`, fewer for large weights (:data:`PROBE_BUDGET` multiply-adds per
-    group size), at least ``limit`` alone and one group of each size."""
-    return max(limit, min(PROBE_POOL, PROBE_BUDGET // max(1, weight_size)))
-
-
-def probe_linear_rows(
-    model: Model, limit: int = EXACT_ROWS, share: float = ROW_BY_ROW_SHARE
-) -> ExactMode:
-    """Which linear kernels batch exactly: for every distinct linear weight of ``model``
-    (shape, dtype, bias; peft's LoRA A and B included), the largest row count ``M`` for
-    which ``F.linear`` gives each row the bits it gives that row alone, with real weights
-    and random inputs in the weight's dtype (kernels are chosen by shape and dtype, not by
-    values). The weights that differ already at two rows run row by row in the exact
-    steps (LoRA's fp32 A and B under a 16-bit model); the others set the rows per step.
-    Off when fewer than two rows, or when the weights that would run row by row hold more
-    than ``share`` of the linear parameters (:data:`ROW_BY_ROW_SHARE`)."""
-    import torch
-
-    modules = matmul_modules(model)
-    sizes = {id(m): _size(m) for m in modules}
-    total = max(1, sum(sizes.values()))
-    kinds: dict[str, list[torch.nn.Module]] = {}
-    for module in sorted(modules, key=lambda m: -sizes[id(m)]):
-        kinds.setdefault(weight_name(module), []).append(module)
-    shapes = tuple(kinds)
-    row_by_row, alone = [], 0.0
-    with torch.inference_mode():
-        # Two rows first, largest weight first: a batch-variant large weight (fp32 here), or
-        # too many small ones (the demo), end the probe before the longer sweep.
-        for n, (name, same) in enumerate(kinds.items()):
-            if _rows_alone_equal(same[0], 2, seed=n) >= 2:
-                continue
-            row_by_row.append(name)
-            alone += sum(sizes[id(m)] for m in same) / total
-            if alone > share:
-                why = (
-                    f"linear weight {row_by_row[0]} on {same[0].weight.device}: two rows at "
-                    "once do not give the bits of each row alone (a batch-variant kernel); "
-                    f"such weights hold {alone:.0%} of the linear parameters or more, at "
-                    f"most {share:.0%} may run row by row"
-                )
-                return ExactMode(1, why, shapes, row_by_row=tuple(row_by_row))
-        rows = limit
-        for n, (name, same) in enumerate(kinds.items()):
-            if name not in row_by_row:
-                rows = min(rows, _rows_alone_equal(same[0], rows, seed=n))
-    return ExactMode(rows, None, shapes, row_by_row=tuple(row_by_row))
-
-
-def _tensor() -> type[torch.Tensor]:
-    import torch
-
-    return torch.Tensor
+__all__ = ["ExactStage", "ExactTurn"]
 
 
 def _one_row_at_a_time(forward: Callable[..., Any], x: torch.Tensor) -> torch.Tensor:
@@ -225,18 +95,22 @@ class ExactTurn:
 
 @dataclass
 class _Row:
-    """A turn in the batch: where its output goes, its next position, its cache per layer,
-    its tokens so far (and logits, when kept)."""
+    """A turn in the batch: where its output goes, the token its next step feeds and that
+    token's position, its cache per layer (every token before it), its output tokens so
+    far (and logits, when kept)."""
 
     index: int
     position: int
     caches: list[tuple[torch.Tensor, torch.Tensor]]
+    feed: int
     tokens: list[int]
     logits: list[torch.Tensor] = field(default_factory=list)
 
 
 class ExactStage(Stage):
-    """Decodes turns from their prompts in batched exact steps (see the module docstring)."""
+    """Decodes turns in batched single-token steps (see the module docstring): from the
+    forward pass's cache, each decision checked against the ``row_step`` bound, and from
+    the reference's own prefill, bit for bit, for the rest."""
 
     def __init__(self, shared: Shared) -> None:
         super().__init__(shared)
@@ -253,50 +127,121 @@ class ExactStage(Stage):
         return self._unavailable
 
     def settle(self, pending: Sequence[PendingTurn], mode: ExactMode) -> list[TurnOutput]:
-        """Each pending turn's output, decoded from its prompt (its draft is not needed:
-        every token is decided here as the reference decides it)."""
+        """Each pending turn's output: continued from the forward pass's cache where every
+        decision clears the ``row_step`` bound (when the calibration measured that kind),
+        else decoded from its prompt bit for bit (its draft is not needed then: every token
+        is decided as the reference decides it)."""
         if not pending:
             return []
         started = time.perf_counter()
-        turns = self.decode([p.turn.prompt.ids for p in pending], mode)
-        self.stats.exact_turns += len(pending)
+        cached: list[ExactTurn | None] = [None] * len(pending)
+        if self.bounds.disagreement("row_step").ulps:
+            cached = self.continue_cached(pending, mode)
+        rest = [n for n, turn in enumerate(cached) if turn is None]
+        decoded = iter(self.decode([pending[n].turn.prompt.ids for n in rest], mode))
+        turns = [turn if turn is not None else next(decoded) for turn in cached]
+        self.stats.exact_turns += len(rest)
+        self.stats.exact_cached_turns += len(pending) - len(rest)
         self.seconds.exact += time.perf_counter() - started
         return [decode_new_tokens(self.loaded, t.tokens) for t in turns]
+
+    def continue_cached(
+        self, pending: Sequence[PendingTurn], mode: ExactMode, *, keep_logits: bool = False
+    ) -> list[ExactTurn | None]:
+        """Each pending turn continued greedily in batched steps from its cached prompt and
+        draft (the forward pass's cache): its output, or ``None`` where it has no usable
+        cache or a decision is inside the ``row_step`` bound (those go to :meth:`decode`).
+        Every decision is checked; with ``keep_logits`` (the calibration), none is, and each
+        step's logits are kept."""
+        starts = {n: self._cached_row(n, p) for n, p in enumerate(pending)}
+        usable = deque(n for n, row in starts.items() if row is not None)
+
+        def start(index: int) -> _Row:
+            row = starts[index]
+            assert row is not None
+            return row
+
+        done = self._batched(usable, start, mode, keep_logits, checked=not keep_logits)
+        return [done.get(n) for n in range(len(pending))]
 
     def decode(
         self, prompts: Sequence[Sequence[int]], mode: ExactMode, *, keep_logits: bool = False
     ) -> list[ExactTurn]:
-        """Greedy decoding of each prompt, up to ``mode.rows`` turns per step (the linear
-        layers of ``mode.row_by_row`` row by row); with ``keep_logits``, each step's logits
-        too (for the calibration's check)."""
+        """Greedy decoding of each prompt, bit for bit as the reference call decodes it, up
+        to ``mode.rows`` turns per step (the linear layers of ``mode.row_by_row`` row by
+        row); with ``keep_logits``, each step's logits too (for the calibration's check)."""
+
+        def start(index: int) -> _Row | ExactTurn:
+            row = self._prefill(index, prompts[index], keep_logits)
+            return row if row is not None else ExactTurn(self._reference(prompts[index]))
+
+        done = self._batched(deque(range(len(prompts))), start, mode, keep_logits, checked=False)
+        turns = [done[i] for i in range(len(prompts))]
+        assert all(turn is not None for turn in turns)  # unchecked rows always finish
+        return [turn for turn in turns if turn is not None]
+
+    def _batched(
+        self,
+        waiting: deque[int],
+        start: Callable[[int], _Row | ExactTurn],
+        mode: ExactMode,
+        keep_logits: bool,
+        *,
+        checked: bool,
+    ) -> dict[int, ExactTurn | None]:
+        """Run the rows ``start`` makes (in ``waiting``'s order, up to ``mode.rows`` at once,
+        a waiting one taking each place a finished one leaves) to the end of their turns.
+        ``checked``: a row whose decision is inside the ``row_step`` bound leaves at once,
+        with ``None`` for its output."""
         why = self.unavailable()  # also registers the per-row attention function
         if why is not None:
             raise RuntimeError(f"the exact stage cannot run on this model: {why}")
         rows = max(1, mode.rows)
         alone = [m for m in matmul_modules(self.loaded.model) if weight_name(m) in mode.row_by_row]
-        waiting = deque(range(len(prompts)))
         active: list[_Row] = []
-        done: dict[int, ExactTurn] = {}
+        done: dict[int, ExactTurn | None] = {}
         while waiting or active:
             while waiting and len(active) < rows:
                 index = waiting.popleft()
-                row = self._prefill(index, prompts[index], keep_logits)
-                if row is None:
-                    done[index] = ExactTurn(self._reference(prompts[index]))
+                row = start(index)
+                if isinstance(row, ExactTurn):
+                    done[index] = row
                 elif self._finished(row):
                     done[index] = ExactTurn(tuple(row.tokens), tuple(row.logits))
                 else:
                     active.append(row)
             if active:
                 with _row_by_row(alone):
-                    self._step(active, keep_logits)
-                for row in [r for r in active if self._finished(r)]:
-                    active.remove(row)
-                    done[row.index] = ExactTurn(tuple(row.tokens), tuple(row.logits))
-        return [done[i] for i in range(len(prompts))]
+                    near_ties = self._step(active, keep_logits, checked=checked)
+                for row in list(active):
+                    if row.index in near_ties:
+                        active.remove(row)
+                        done[row.index] = None
+                        self.stats.exact_cached_near_tie += 1
+                    elif self._finished(row):
+                        active.remove(row)
+                        done[row.index] = ExactTurn(tuple(row.tokens), tuple(row.logits))
+        return done
 
     def _finished(self, row: _Row) -> bool:
-        return row.tokens[-1] in self.stop or len(row.tokens) >= self.max_new_tokens
+        return bool(row.tokens) and (
+            row.tokens[-1] in self.stop or len(row.tokens) >= self.max_new_tokens
+        )
+
+    def _cached_row(self, index: int, item: PendingTurn) -> _Row | None:
+        """A row continuing ``item`` from its cached prompt and draft: its step feeds the last
+        of those tokens over the cache of the others (``None``: no complete cache, or not
+        plain full-attention layers, or not the forward pass's: ``row_step`` was measured on
+        the forward pass's caches only)."""
+        context = item.context
+        if context is None or not item.complete or not item.forward_cache:
+            return None
+        layers = full_attention_kv(context.cache)
+        if layers is None:
+            return None
+        r, cut = context.row, slice(context.start, context.start + context.length)
+        caches = [(keys[r : r + 1, :, cut], values[r : r + 1, :, cut]) for keys, values in layers]
+        return _Row(index, item.length - 1, caches, item.tokens[-1], list(item.draft))
 
     def _prefill(self, index: int, prompt: Sequence[int], keep_logits: bool) -> _Row | None:
         """The reference's own call for the first token: its token, logits and cache
@@ -318,15 +263,17 @@ class ExactStage(Stage):
             return None
         token = int(out.sequences[0, len(prompt)])
         logits = [out.logits[0][0].float().cpu()] if keep_logits else []
-        return _Row(index, len(prompt), list(caches), [token], logits)
+        return _Row(index, len(prompt), list(caches), token, [token], logits)
 
-    def _step(self, active: list[_Row], keep_logits: bool) -> None:
-        """One batched single-token step: each row's last token at its own position."""
+    def _step(self, active: list[_Row], keep_logits: bool, *, checked: bool) -> set[int]:
+        """One batched single-token step: each row's fed token at its own position. With
+        ``checked``: the rows (by index) whose decision is inside the ``row_step`` bound,
+        left as they were; every other row takes its greedy token."""
         import torch
 
         device = self.loaded.device
         inputs: dict[str, object] = {
-            "input_ids": torch.tensor([[r.tokens[-1]] for r in active], device=device),
+            "input_ids": torch.tensor([[r.feed] for r in active], device=device),
             "position_ids": torch.tensor([[r.position] for r in active], device=device),
             "use_cache": False,
         }
@@ -336,14 +283,21 @@ class ExactStage(Stage):
         with torch.inference_mode(), row_attention(self.loaded.model, caches):
             # As generate reads its next token: the last position's logits in fp32, argmax.
             logits = self.loaded.model(**inputs).logits[:, -1, :].float()
-        best = logits.argmax(dim=-1).tolist()
+        checks = logit_checks(logits.unsqueeze(1))
         self.stats.exact_steps += 1
         self.stats.exact_tokens += len(active)
+        near_ties = set()
         for r, row in enumerate(active):
-            row.tokens.append(int(best[r]))
+            best, margin, top = checks.best[r][0], checks.margin[r][0], checks.top[r][0]
+            if checked and not self.bounds.trusted("row_step", margin, top):
+                near_ties.add(row.index)
+                continue
+            row.tokens.append(best)
+            row.feed = best
             row.position += 1
             if keep_logits:
                 row.logits.append(logits[r].cpu())
+        return near_ties
 
     def _reference(self, prompt: Sequence[int]) -> tuple[int, ...]:
         """A turn whose cache cannot be read: the reference call decides it."""

@@ -119,6 +119,9 @@ class PendingTurn:
     context: CacheSlice | None
     #: True once a verification pass made ``draft`` longer
     grown: bool = False
+    #: whether :attr:`context` was computed by this stage's forward pass (the cache the
+    #: ``row_step`` bound is measured on), not by a cut pass (free-running rounds)
+    forward_cache: bool = True
 
     @property
     def tokens(self) -> tuple[int, ...]:

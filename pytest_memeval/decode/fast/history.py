@@ -280,7 +280,7 @@ class FreeRunner(Stage):
                     continue
                 length = len(turn.prompt.ids) + len(decided) - 1
                 context = CacheSlice(passed.cache, r, start, length) if length > 0 else None
-                pending.append(PendingTurn(r, n, turn, decided, context))
+                pending.append(PendingTurn(r, n, turn, decided, context, forward_cache=False))
             rows.append(_Row(track, plan, r))
         return self._batched(rows), ForwardDecisions(outputs, pending, passed.cache)
 

@@ -84,8 +84,13 @@ class DecodeStats:
     # -- exact steps (exact mode) ---------------------------------------------------------
     #: whether the exact stage settles the pending turns, and why not (``ExactMode.describe``)
     exact_mode: str = "off: not decided (no calibration)"
-    #: pending turns the exact stage settled; its prefills (the reference's own call for the
-    #: first token, calibration checks included), batched steps, and tokens those computed
+    #: pending turns the exact steps settled from the forward pass's cache (no prefill), and
+    #: those that left it at a decision inside the ``row_step`` bound (then prefilled)
+    exact_cached_turns: int = 0
+    exact_cached_near_tie: int = 0
+    #: pending turns the exact stage settled from the reference's own prefill; its prefills
+    #: (the reference's own call for the first token, calibration checks included), batched
+    #: steps (from either cache), and tokens those computed
     exact_turns: int = 0
     exact_prefills: int = 0
     exact_steps: int = 0
