@@ -17,26 +17,34 @@ __all__ = ["even_batches", "length_batches", "padded_tokens"]
 
 
 def length_batches(
-    lengths: Sequence[int], batch_size: int, max_batch_tokens: int
+    lengths: Sequence[int], batch_size: int, max_batch_tokens: int, min_fill: float = 0.0
 ) -> list[list[int]]:
     """Indices into ``lengths`` grouped into forward passes: sorted by length, longest first
     (ties in input order), each batch at most ``batch_size`` rows and, unless one row alone
-    exceeds it, at most ``max_batch_tokens`` padded tokens (rows x its longest row)."""
+    exceeds it, at most ``max_batch_tokens`` padded tokens (rows x its longest row), and real
+    tokens at least ``min_fill`` of its padded tokens (a shorter row starts the next batch)."""
     if batch_size < 1 or max_batch_tokens < 1:
         raise ValueError("batch_size and max_batch_tokens must be >= 1")
+    if not 0.0 <= min_fill <= 1.0:
+        raise ValueError("min_fill must be between 0 and 1")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
+    real = 0  # tokens of the last batch's rows
     for i in order:
         batch = batches[-1] if batches else None
         # Sorted longest first: a batch's first row sets its padded width.
-        if (
-            batch is not None
-            and len(batch) < batch_size
-            and (len(batch) + 1) * lengths[batch[0]] <= max_batch_tokens
-        ):
-            batch.append(i)
-        else:
-            batches.append([i])
+        if batch is not None:
+            rows, width = len(batch) + 1, lengths[batch[0]]
+            if (
+                rows <= batch_size
+                and rows * width <= max_batch_tokens
+                and real + lengths[i] >= min_fill * rows * width
+            ):
+                batch.append(i)
+                real += lengths[i]
+                continue
+        batches.append([i])
+        real = lengths[i]
     return batches
 
 

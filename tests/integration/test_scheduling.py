@@ -108,7 +108,7 @@ def test_chunk_of_one_is_xdist_loadscope(pytester: pytest.Pytester) -> None:
 
 
 @pytest.mark.slow
-def test_two_workers_decode_full_batches(
+def test_two_workers_decode_their_chunks(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pytest_memeval.decode.fast import DEFAULT_BATCH_SIZES
@@ -129,10 +129,12 @@ def test_two_workers_decode_full_batches(
         runs[label] = (metrics, predictions, result.stdout.lines)
     metrics, predictions, lines = runs["xdist"]
     # 10 scenarios on two workers in chunks of up to the CPU batch, shrinking at the end of
-    # the queue (batch 4: 4 + 4, then 1 + 1, mean 3.4; batch 8: 5 + 3, then 1 + 1, mean 3.6);
-    # one scope at a time (xdist's loadscope) would give batches of one or two.
+    # the queue (batch 8: 5 + 3, then 1 + 1: the chunk sizes are asserted above, on the
+    # scheduler itself); a worker decodes its chunk in forward passes of similar lengths (at
+    # most a tenth of a pass padding: FORWARD_MIN_FILL), and these 10 demo scenarios differ
+    # in length, so passes are of one or two.
     assert metrics["timing"]["batch_size"] == batch
-    assert metrics["timing"]["mean_batch"] >= 3.0
+    assert metrics["timing"]["mean_batch"] > 1.0
     assert {p["decode_batch"] for p in predictions} <= set(range(1, batch + 1))
     # Every item of a scenario ran on the worker that decoded it.
     placed: dict[str, set[str]] = {}

@@ -34,6 +34,28 @@ def test_padded_tokens_bound_a_batch_but_a_long_row_still_gets_one() -> None:
     assert all(len(b) * max(lengths[i] for i in b) <= 200 for b in batches if len(b) > 1)
 
 
+def test_min_fill_starts_a_new_batch_before_padding_outweighs_the_rows() -> None:
+    """The first 8 scenarios of the smol-oracle benchmark: one batch of 8 computes 6256
+    positions for 3666 tokens; at least 90% real tokens a batch, 3819."""
+    lengths = [348, 234, 180, 275, 782, 730, 764, 353]
+    assert padded_tokens(lengths, length_batches(lengths, 8, 32768)) == 6256
+    batches = length_batches(lengths, 8, 32768, min_fill=0.9)
+    assert [[lengths[i] for i in b] for b in batches] == [
+        [782, 764, 730],
+        [353, 348, 275],
+        [234],
+        [180],
+    ]
+    assert padded_tokens(lengths, batches) == 3819
+    for batch in batches:
+        assert sum(lengths[i] for i in batch) >= 0.9 * padded_tokens(lengths, [batch])
+    # Equal lengths always share a batch; 0 keeps the row and token limits alone.
+    assert length_batches([5, 5, 5], 8, 100, min_fill=1.0) == [[0, 1, 2]]
+    assert length_batches(lengths, 8, 32768, min_fill=0.0) == length_batches(lengths, 8, 32768)
+    with pytest.raises(ValueError, match="min_fill"):
+        length_batches(lengths, 8, 32768, min_fill=1.5)
+
+
 def test_sorting_computes_less_padding_than_the_input_order() -> None:
     rng = random.Random(0)
     lengths = [rng.randint(100, 550) for _ in range(189)]
