@@ -13,10 +13,15 @@ import re
 
 import pytest
 
+from pytest_memeval.core.benchmark import from_records
 from pytest_memeval.core.ids import IdMap
+from pytest_memeval.decode.batches import length_batches
+from pytest_memeval.decode.fast import DEFAULT_MAX_BATCH_TOKENS
+from pytest_memeval.decode.fast.decoder import FORWARD_MIN_FILL
+from pytest_memeval.model.prompts import conversation_ids
 from pytest_memeval.runtime.scheduler import ScenarioScheduling
 
-from ..conftest import MemevalProject, demo_records
+from ..conftest import BASE_MODEL, MemevalProject, demo_records
 from ..runfactory import content
 
 
@@ -44,6 +49,15 @@ def collection(n: int) -> tuple[list[str], set[str]]:
 
 def scenario_of(nodeid: str) -> str:
     return nodeid[nodeid.index("[") + 1 : -1] if "[" in nodeid else nodeid
+
+
+def demo_conversation_lengths(n: int) -> list[int]:
+    """Token counts of the first ``n`` oracle demo scenarios' conversations."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(BASE_MODEL), local_files_only=True)
+    scenarios = from_records(demo_records("oracle", n), "demo").scenarios
+    return [len(conversation_ids(tokenizer, s)) for s in scenarios]
 
 
 def test_chunks_keep_scenarios_whole_and_shrink_at_the_end(pytester: pytest.Pytester) -> None:
@@ -127,15 +141,26 @@ def test_two_workers_decode_their_chunks(
         predictions = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
         assert metrics["complete"] and len(predictions) == 10
         runs[label] = (metrics, predictions, result.stdout.lines)
+    # Without xdist the worker prefetches all 10 scenarios (PREFETCH_SIZE 16) and decodes
+    # them in the forward passes the decoder groups them in: each record names its pass's size.
+    serial_metrics, serial_predictions, _ = runs["serial"]
+    lengths = demo_conversation_lengths(10)
+    groups = length_batches(lengths, batch, DEFAULT_MAX_BATCH_TOKENS, FORWARD_MIN_FILL)
+    assert 1 < len(groups) < 10  # these 10 demo scenarios differ in length: passes of 1-3
+    expected = sorted(len(g) for g in groups for _ in g)
+    assert sorted(p["decode_batch"] for p in serial_predictions) == expected
+    assert serial_metrics["timing"]["mean_batch"] == round(sum(expected) / 10, 3)
+    # Under xdist, 10 scenarios on two workers in chunks of up to the CPU batch, shrinking at
+    # the end of the queue (batch 8: 5 + 3, then 1 + 1: the chunk sizes are asserted above, on
+    # the scheduler itself; which worker takes which depends on timing). Each chunk is cut
+    # into passes as above: a pass of b scenarios leaves b records saying b, and the
+    # summary's mean is theirs.
     metrics, predictions, lines = runs["xdist"]
-    # 10 scenarios on two workers in chunks of up to the CPU batch, shrinking at the end of
-    # the queue (batch 8: 5 + 3, then 1 + 1: the chunk sizes are asserted above, on the
-    # scheduler itself); a worker decodes its chunk in forward passes of similar lengths (at
-    # most a tenth of a pass padding: FORWARD_MIN_FILL), and these 10 demo scenarios differ
-    # in length, so passes are of one or two.
     assert metrics["timing"]["batch_size"] == batch
-    assert metrics["timing"]["mean_batch"] > 1.0
-    assert {p["decode_batch"] for p in predictions} <= set(range(1, batch + 1))
+    sizes = [p["decode_batch"] for p in predictions]
+    assert set(sizes) <= set(range(1, batch + 1))
+    assert all(sizes.count(b) % b == 0 for b in set(sizes))
+    assert metrics["timing"]["mean_batch"] == round(sum(sizes) / 10, 3) > 1.0
     # Every item of a scenario ran on the worker that decoded it.
     placed: dict[str, set[str]] = {}
     for line in lines:
