@@ -17,14 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_memeval.tools.compare import (
-    CompareError,
-    compare_many,
-    compare_runs,
-    format_comparison,
-    format_many,
-    load_run,
-)
+from pytest_memeval.tools.compare_board import compare_many
+from pytest_memeval.tools.compare_load import load_run
+from pytest_memeval.tools.compare_pair import compare_runs
+from pytest_memeval.tools.compare_text import format_comparison, format_many
+from pytest_memeval.tools.compare_types import CompareError
 from pytest_memeval.tools.history_compare import format_history_pair, history_pair
 from pytest_memeval.tools.slice_compare import (
     compare_slices,

@@ -44,7 +44,8 @@ from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
 from pytest_memeval.core.tags import slice_order
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import STATE_KEY, MemevalState, workerinput
-from pytest_memeval.tools.compare import CompareError, load_run
+from pytest_memeval.tools.compare_load import load_run
+from pytest_memeval.tools.compare_types import CompareError
 from pytest_memeval.tools.gate_checks import GateCheck, drop_check, threshold_check
 from pytest_memeval.tools.known_failures import ExpectError, load_known_failures
 from pytest_memeval.tools.slice_gates import (

@@ -4,7 +4,7 @@ Two runs of the same checkpoint on the same scenarios that differ only in their 
 (``--memeval-history truth`` and ``model``) are a paired comparison of one question asked two
 ways: how much does the model lose when its own earlier turns, mistakes included, are the
 history (error propagation)? :func:`history_pair` reads it off the two runs' comparison
-(:func:`~pytest_memeval.tools.compare.compare_runs`, which refuses runs of two histories that
+(:func:`~pytest_memeval.tools.compare_pair.compare_runs`, which refuses runs of two histories that
 differ in anything else): the m1 and m2 gaps (free-running minus teacher-forced, whatever
 order the runs were given in) with their paired intervals and exact paired tests (McNemar on
 m1, the sign-flip permutation test on m2), the scenarios right teacher-forced but wrong
@@ -26,7 +26,8 @@ from pytest_memeval.core.formatting import score_text, shown_ids
 from pytest_memeval.core.free_running import left_truth_words
 from pytest_memeval.core.history import HISTORY_MODEL, fed_back, history_of
 from pytest_memeval.core.records import LeftTruth, RateBlock, Record
-from pytest_memeval.tools.compare import Comparison, RunData, fmt_pp, fmt_pp_ci
+from pytest_memeval.tools.compare_text import fmt_pp, fmt_pp_ci
+from pytest_memeval.tools.compare_types import Comparison, RunData
 
 __all__ = ["HistoryPair", "format_history_pair", "history_pair"]
 
@@ -62,7 +63,7 @@ def _negated(ci: list[float] | None) -> list[float] | None:
 
 def history_pair(run_a: RunData, run_b: RunData, result: Comparison) -> HistoryPair | None:
     """The teacher-forced/free-running facts of a compared pair (``None`` unless the two runs
-    differ in their history; :func:`~pytest_memeval.tools.compare.compare_runs` has already
+    differ in their history; :func:`~pytest_memeval.tools.compare_pair.compare_runs` has already
     refused a pair that differs in anything else)."""
     if history_of(run_a.metrics) == history_of(run_b.metrics):
         return None

@@ -44,20 +44,17 @@ from pytest_memeval.core.history import (
 from pytest_memeval.core.records import LeftTruth, Metrics, Record
 from pytest_memeval.core.rundir import atomic_write
 from pytest_memeval.core.stats import interval_words, rate_with_ci
-from pytest_memeval.tools.compare import (
+from pytest_memeval.tools.compare_board import compare_many
+from pytest_memeval.tools.compare_load import load_run
+from pytest_memeval.tools.compare_pair import compare_runs
+from pytest_memeval.tools.compare_stats import run_summary
+from pytest_memeval.tools.compare_text import fmt_pp, fmt_pp_ci, fmt_rate, m2_delta_lines
+from pytest_memeval.tools.compare_types import (
     CompareError,
     Comparison,
     ManyComparison,
     RunData,
     RunSummary,
-    compare_many,
-    compare_runs,
-    fmt_pp,
-    fmt_pp_ci,
-    fmt_rate,
-    load_run,
-    m2_delta_lines,
-    run_summary,
 )
 from pytest_memeval.tools.history_compare import format_history_pair, history_pair
 from pytest_memeval.tools.slice_compare import (

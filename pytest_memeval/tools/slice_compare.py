@@ -3,7 +3,7 @@
 For each slice shown (a tag, or ``TAG&TAG``: :mod:`pytest_memeval.core.slices`), over the
 scenarios in it: each run's m1 (Wilson interval), the paired m1 difference with the exact
 McNemar test, the paired m2 difference over the scenarios both runs score on the same turns
-(:func:`~pytest_memeval.tools.compare.paired_m2`: exact sign-flip permutation test), and the
+(:func:`~pytest_memeval.tools.compare_stats.paired_m2`: exact sign-flip permutation test), and the
 smallest m1 difference the slice could detect, and the m1 difference's paired interval
 (Newcombe) made simultaneous over the family (Bonferroni: level ``1 - alpha / m``).
 
@@ -37,14 +37,8 @@ from pytest_memeval.core.stats import (
     rate_with_ci,
 )
 from pytest_memeval.core.tags import slice_order
-from pytest_memeval.tools.compare import (
-    ALPHA,
-    POWER,
-    CompareError,
-    PairedM2,
-    RunData,
-    paired_m2,
-)
+from pytest_memeval.tools.compare_stats import paired_m2
+from pytest_memeval.tools.compare_types import ALPHA, POWER, CompareError, PairedM2, RunData
 
 __all__ = [
     "SliceComparison",
@@ -164,7 +158,7 @@ def _mde(n: int, discordant: int, alpha: float) -> tuple[float | None, str]:
     """Connor's minimum detectable m1 difference (pp) at ``alpha`` and its basis.
 
     At the slice's observed share of changed scenarios, as for the whole benchmark
-    (:func:`~pytest_memeval.tools.compare.m1_power`); where that gives none (no changed
+    (:func:`~pytest_memeval.tools.compare_stats.m1_power`); where that gives none (no changed
     scenario, or too few for the exact test to reject), the best case, which still says how
     large a difference must be before this slice could show it at all.
     """

@@ -22,7 +22,9 @@ import pytest
 
 from pytest_memeval.core.records import RecordError, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
-from pytest_memeval.tools.compare import CompareError, compare_runs, load_run
+from pytest_memeval.tools.compare_load import load_run
+from pytest_memeval.tools.compare_pair import compare_runs
+from pytest_memeval.tools.compare_types import CompareError
 from pytest_memeval.tools.finished import FinishedRun, report_output
 from pytest_memeval.tools.summary_md import MarkdownRun, run_markdown
 

@@ -37,18 +37,11 @@ from pytest_memeval.core.free_running import left_truth_words
 from pytest_memeval.core.history import HISTORY_TRUTH, history_of
 from pytest_memeval.core.records import Metrics, RateBlock, Record
 from pytest_memeval.core.stats import interval_words, rate_with_ci
-from pytest_memeval.tools.compare import (
-    Comparison,
-    ManyComparison,
-    compare_many,
-    compare_runs,
-    fmt_ci,
-    fmt_m2_ci,
-    fmt_pp,
-    fmt_pp_ci,
-    fmt_rate,
-    load_run,
-)
+from pytest_memeval.tools.compare_board import compare_many
+from pytest_memeval.tools.compare_load import load_run
+from pytest_memeval.tools.compare_pair import compare_runs
+from pytest_memeval.tools.compare_text import fmt_ci, fmt_m2_ci, fmt_pp, fmt_pp_ci, fmt_rate
+from pytest_memeval.tools.compare_types import Comparison, ManyComparison
 from pytest_memeval.tools.gate import GateOutcome
 from pytest_memeval.tools.history_compare import format_history_pair, history_pair
 

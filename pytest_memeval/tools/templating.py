@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_memeval.core.formatting import percent
 from pytest_memeval.core.ids import param_id
-from pytest_memeval.tools.compare import fmt_ci, fmt_m2_ci, fmt_pp, fmt_pp_ci, fmt_rate
+from pytest_memeval.tools.compare_text import fmt_ci, fmt_m2_ci, fmt_pp, fmt_pp_ci, fmt_rate
 
 if TYPE_CHECKING:
     import jinja2

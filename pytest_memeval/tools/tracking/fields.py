@@ -29,7 +29,7 @@ from pathlib import Path
 from pytest_memeval.core.history import history_of
 from pytest_memeval.core.records import Metrics, RateBlock
 from pytest_memeval.core.rundir import JOURNAL, METRICS, PREDICTIONS
-from pytest_memeval.tools.compare import CompareError
+from pytest_memeval.tools.compare_types import CompareError
 from pytest_memeval.tools.finished import FinishedRun
 from pytest_memeval.tools.report import write_report
 from pytest_memeval.tools.step_summary import finished_run_markdown
