@@ -13,7 +13,7 @@ Import them into a test module of your project::
     )
 
 and declare the guarded data variants in ``pyproject.toml`` (see
-:func:`pytest_memeval.guards.checks.load_guard_specs`)::
+:func:`pytest_memeval.guards.specs.load_guard_specs`)::
 
     [tool.memeval.guards.baseline]
     profile = "baseline"
@@ -40,21 +40,17 @@ import pytest
 from pytest_memeval.compat.syrupy import disable_unused_snapshot_check
 from pytest_memeval.core.benchmark import Benchmark, Scenario, dump_record
 from pytest_memeval.core.profiles import resolve_profile
-from pytest_memeval.guards.checks import (
-    GuardError,
-    GuardSpec,
-    PromptTokens,
+from pytest_memeval.guards.order import join_lines
+from pytest_memeval.guards.prefix import check_prefix
+from pytest_memeval.guards.reference import (
     ReferenceFile,
-    check_prefix,
     check_reference_file,
     check_reference_line,
-    join_lines,
-    load_guard_specs,
-    prompt_tokens,
     read_reference,
-    serialize_tokens,
 )
 from pytest_memeval.guards.snapshot import OrderSnapshot, RecordSnapshot, TokenSnapshot
+from pytest_memeval.guards.specs import GuardError, GuardSpec, load_guard_specs
+from pytest_memeval.guards.tokens import PromptTokens, prompt_tokens, serialize_tokens
 from pytest_memeval.model.checks import CheckpointError
 from pytest_memeval.model.gguf import convert_gguf, is_gguf
 from pytest_memeval.runtime.session import cache_dir, load_benchmark, profiles_file

@@ -24,12 +24,12 @@ from syrupy.extensions.single_file import SingleFileSnapshotExtension
 
 from pytest_memeval.compat.syrupy import binary_file_extension, snapshot_file_name
 from pytest_memeval.core.rundir import atomic_write
-from pytest_memeval.guards.checks import (
+from pytest_memeval.guards.differences import (
     describe_byte_difference,
-    describe_order_difference,
     describe_record_difference,
-    describe_token_difference,
 )
+from pytest_memeval.guards.order import describe_order_difference
+from pytest_memeval.guards.tokens import describe_token_difference
 
 __all__ = ["ByteSnapshot", "OrderSnapshot", "RecordSnapshot", "TokenSnapshot"]
 
@@ -124,7 +124,7 @@ class OrderSnapshot(ByteSnapshot):
 
 
 class TokenSnapshot(ByteSnapshot):
-    """A scenario's prompt token ids (:func:`pytest_memeval.guards.checks.serialize_tokens`)."""
+    """A scenario's prompt token ids (:func:`pytest_memeval.guards.tokens.serialize_tokens`)."""
 
     file_extension = "tokens"
 

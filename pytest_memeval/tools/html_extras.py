@@ -20,7 +20,7 @@ from pytest_memeval.compat.pytest import report_record
 from pytest_memeval.core.records import Record
 from pytest_memeval.runtime.worker import RECORD_KEY
 from pytest_memeval.tools.gate import GATE_KEY
-from pytest_memeval.tools.report import scenario_detail_html, summary_html
+from pytest_memeval.tools.html_pieces import scenario_detail_html, summary_html
 
 __all__ = ["MemevalHtml"]
 
