@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_memeval.compat.transformers import generate_with_logits
+from pytest_memeval.compat.transformers import full_attention_kv, generate_with_logits
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH, fed_back, history_name
 from pytest_memeval.decode._types import Rollout, TurnOutput
@@ -74,15 +74,24 @@ def generate_from(loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int) 
 
 @dataclass(frozen=True)
 class ReferenceSteps:
-    """The reference call's new tokens and, per step, its next-token logits in fp32."""
+    """The reference call's new tokens and, per step, its next-token logits in fp32; with
+    ``keep_prompt_cache``, also its prompt's keys and values per layer (``prompt_cache``)."""
 
     tokens: list[int]
     logits: list[torch.Tensor]
+    #: the cache the call's prefill left: ``(keys, values)`` per layer, cut to the prompt's
+    #: positions (later steps only append to it, so these are the prefill's own bits);
+    #: ``None`` unless kept, or where the cache is not plain full-attention layers
+    prompt_cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
-def reference_steps(loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int) -> ReferenceSteps:
+def reference_steps(
+    loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int, *, keep_prompt_cache: bool = False
+) -> ReferenceSteps:
     """:func:`generate_from`'s call on ``ids``, keeping each step's logits (what the fast
-    path's calibration compares its own computations with)."""
+    path's calibration compares its own computations with) and, with ``keep_prompt_cache``,
+    the prompt's cache (the exact stage's check continues from it instead of a prefill of
+    its own)."""
     # Deferred: torch takes seconds to import, and replay / compare never decode.
     import torch
 
@@ -93,7 +102,12 @@ def reference_steps(loaded: LoadedModel, ids: Sequence[int], max_new_tokens: int
             {**inputs, "max_new_tokens": max_new_tokens, **greedy_settings(loaded)},
         )
     tokens = [int(t) for t in out.sequences[0, len(ids) :]]
-    return ReferenceSteps(tokens, [step[0].float() for step in out.logits])
+    logits = [step[0].float() for step in out.logits]
+    layers = full_attention_kv(out.cache) if keep_prompt_cache else None
+    if layers is None:
+        return ReferenceSteps(tokens, logits)
+    cut = slice(0, len(ids))
+    return ReferenceSteps(tokens, logits, [(k[:, :, cut], v[:, :, cut]) for k, v in layers])
 
 
 def decode_new_tokens(loaded: LoadedModel, new: Sequence[int]) -> TurnOutput:

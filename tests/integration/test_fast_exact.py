@@ -59,16 +59,20 @@ def bf16_lora() -> LoadedModel:
 
 def _check_exact_steps(loaded: LoadedModel, probe: ExactMode) -> None:
     """The stage itself, batched (prefill by the reference's own call, then single-token
-    steps over per-row caches): every step's logits torch.equal the reference call's."""
+    steps over per-row caches): every step's logits torch.equal the reference call's. The
+    same from the reference calls' own prompt caches (the calibration's check), with no
+    prefill of the stage's own."""
     import torch
 
     prompts = [p.ids for s in _scenarios(3) for p in turn_prompts(loaded.tokenizer, s)]
+    references = [reference_steps(loaded, p, MAX_NEW, keep_prompt_cache=True) for p in prompts]
+    assert all(r.prompt_cache is not None for r in references)
     stage = ExactStage(Shared.new(loaded, MAX_NEW, FastDecoder(loaded, MAX_NEW).bounds))
     assert stage.unavailable() is None
-    turns = stage.decode(prompts, replace(probe, rows=min(probe.rows, 8)), keep_logits=True)
+    mode = replace(probe, rows=min(probe.rows, 8))
+    turns = stage.decode(prompts, mode, keep_logits=True)
     steps = 0
-    for turn, prompt in zip(turns, prompts, strict=True):
-        reference = reference_steps(loaded, prompt, MAX_NEW)
+    for turn, reference in zip(turns, references, strict=True):
         assert list(turn.tokens) == reference.tokens
         assert len(turn.logits) == len(reference.logits)
         for mine, theirs in zip(turn.logits, reference.logits, strict=True):
@@ -77,6 +81,11 @@ def _check_exact_steps(loaded: LoadedModel, probe: ExactMode) -> None:
     # The steps were batched: far fewer model calls than tokens after the first.
     assert stage.stats.exact_steps < steps - len(prompts)
     assert stage.stats.exact_prefills == len(prompts)
+    continued = stage.decode(prompts, mode, keep_logits=True, prefilled=references)
+    assert stage.stats.exact_prefills == len(prompts)  # none more
+    for again, turn in zip(continued, turns, strict=True):
+        assert again.tokens == turn.tokens
+        assert all(torch.equal(a, b) for a, b in zip(again.logits, turn.logits, strict=True))
 
 
 def test_exact_steps_give_the_reference_calls_logits_bit_for_bit(bf16: LoadedModel) -> None:

@@ -215,8 +215,13 @@ class Calibrator(Stage):
         started = time.perf_counter()
         picked = pick_turns(passed.plans, self.turns)
         measured = _Measurements(self.loaded.dtype)
+        # The exact stage's check continues from these calls' own prompt caches (exact_mode).
+        keep = self.exact is not None
         references = [
-            reference_steps(self.loaded, p.turn.prompt.ids, self.max_new_tokens) for p in picked
+            reference_steps(
+                self.loaded, p.turn.prompt.ids, self.max_new_tokens, keep_prompt_cache=keep
+            )
+            for p in picked
         ]
         for p, reference in zip(picked, references, strict=True):
             self._teacher_forced(measured, passed, p, reference)
@@ -243,7 +248,8 @@ class Calibrator(Stage):
     ) -> ExactMode:
         """The exact mode: on when the linear probe passes for at least two rows, the model
         can run per-row attention, and the exact stage's logits on ``prompts`` equal the
-        reference call's (``references``) bit for bit at every step."""
+        reference call's (``references``) bit for bit at every step (continuing from the
+        calls' own prompt caches where they kept them: then from the second step on)."""
         import torch
 
         assert self.exact is not None
@@ -253,7 +259,7 @@ class Calibrator(Stage):
             return probe if why is None else probe.off(why)
         if not prompts:
             return probe.off("no calibration turn to check the exact stage on")
-        turns = self.exact.decode(prompts, probe, keep_logits=True)
+        turns = self.exact.decode(prompts, probe, keep_logits=True, prefilled=references)
         steps = 0
         for n, (turn, reference) in enumerate(zip(turns, references, strict=True)):
             if not turn.logits:
@@ -261,7 +267,11 @@ class Calibrator(Stage):
                     f"calibration turn {n + 1}: the prefill's cache is not plain "
                     "full-attention layers (sliding-window or hybrid caches)"
                 )
-            for j, (mine, theirs) in enumerate(zip(turn.logits, reference.logits, strict=False)):
+            # A turn continued from the reference call's own prefill took its first token
+            # and logits from that call: its steps after the first are what is checked.
+            taken = 1 if reference.prompt_cache is not None else 0
+            pairs = list(zip(turn.logits, reference.logits, strict=False))[taken:]
+            for j, (mine, theirs) in enumerate(pairs, start=taken):
                 if not torch.equal(mine, theirs.cpu()):
                     delta = float((mine - theirs.cpu()).abs().max())
                     return probe.off(

@@ -51,7 +51,12 @@ from pytest_memeval.decode.fast.forward import PendingTurn
 from pytest_memeval.decode.fast.logits import logit_checks
 from pytest_memeval.decode.fast.probe import matmul_modules, weight_name
 from pytest_memeval.decode.fast.shared import Shared, Stage
-from pytest_memeval.decode.reference import decode_new_tokens, greedy_settings, reference_steps
+from pytest_memeval.decode.reference import (
+    ReferenceSteps,
+    decode_new_tokens,
+    greedy_settings,
+    reference_steps,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -165,14 +170,27 @@ class ExactStage(Stage):
         return [done.get(n) for n in range(len(pending))]
 
     def decode(
-        self, prompts: Sequence[Sequence[int]], mode: ExactMode, *, keep_logits: bool = False
+        self,
+        prompts: Sequence[Sequence[int]],
+        mode: ExactMode,
+        *,
+        keep_logits: bool = False,
+        prefilled: Sequence[ReferenceSteps] | None = None,
     ) -> list[ExactTurn]:
         """Greedy decoding of each prompt, bit for bit as the reference call decodes it, up
         to ``mode.rows`` turns per step (the linear layers of ``mode.row_by_row`` row by
-        row); with ``keep_logits``, each step's logits too (for the calibration's check)."""
+        row); with ``keep_logits``, each step's logits too (for the calibration's check).
+        ``prefilled``: reference calls on the same prompts that kept their prompt's cache
+        (the calibration's): each turn continues from that call's first token, logits and
+        cache, the bits its own prefill would compute, instead of computing them again."""
 
         def start(index: int) -> _Row | ExactTurn:
-            row = self._prefill(index, prompts[index], keep_logits)
+            done = prefilled[index] if prefilled is not None else None
+            row = (
+                self._prefilled_row(index, len(prompts[index]), done, keep_logits)
+                if done is not None and done.prompt_cache is not None
+                else self._prefill(index, prompts[index], keep_logits)
+            )
             return row if row is not None else ExactTurn(self._reference(prompts[index]))
 
         done = self._batched(deque(range(len(prompts))), start, mode, keep_logits, checked=False)
@@ -264,6 +282,18 @@ class ExactStage(Stage):
         token = int(out.sequences[0, len(prompt)])
         logits = [out.logits[0][0].float().cpu()] if keep_logits else []
         return _Row(index, len(prompt), list(caches), token, [token], logits)
+
+    @staticmethod
+    def _prefilled_row(
+        index: int, length: int, call: ReferenceSteps, keep_logits: bool
+    ) -> _Row | None:
+        """What :meth:`_prefill` returns, taken from a reference call that kept its prompt's
+        cache: its first token and that token's logits, and the prompt's keys and values."""
+        if call.prompt_cache is None or not call.tokens:
+            return None
+        token = call.tokens[0]
+        logits = [call.logits[0].cpu()] if keep_logits else []
+        return _Row(index, length, list(call.prompt_cache), token, [token], logits)
 
     def _step(self, active: list[_Row], keep_logits: bool, *, checked: bool) -> set[int]:
         """One batched single-token step: each row's fed token at its own position. With
