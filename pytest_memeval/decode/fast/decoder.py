@@ -38,6 +38,7 @@ from pytest_memeval.decode.fast.forward import (
     PendingTurn,
     ProvenOutputs,
     forward_attention_for,
+    forward_rows,
 )
 from pytest_memeval.decode.fast.generate import Generator
 from pytest_memeval.decode.fast.history import FreeRunner
@@ -228,8 +229,10 @@ class FastDecoder:
         return [[planned[i] for i in group] for group in groups]
 
     def batch_groups(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Indices of ``lengths`` in forward passes (:func:`~.batches.length_batches`)."""
-        return length_batches(lengths, self.batch_size, self.max_batch_tokens, FORWARD_MIN_FILL)
+        """Indices of ``lengths`` in forward passes (:func:`~.batches.length_batches`, up to
+        :func:`~.forward.forward_rows` scenarios a pass)."""
+        rows = forward_rows(self.loaded, self.batch_size)
+        return length_batches(lengths, rows, self.max_batch_tokens, FORWARD_MIN_FILL)
 
     def pool_full(self, pending: int, tokens: int) -> bool:
         """Whether ``pending`` turns held over passes of ``tokens`` padded tokens are settled

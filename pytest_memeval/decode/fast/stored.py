@@ -52,8 +52,9 @@ __all__ = [
 #: The stored document's format; part of the key. Bump it when what is measured or how it
 #: is stored changes (a new section, a new kind of decision): older entries are then not
 #: reused.
-STORE_FORMAT = 5  # 2: exact mode; 3: the packed pass in one row; 4: per-row output rows;
-# 5: the row_step kind (exact steps from the forward pass's cache)
+STORE_FORMAT = 6  # 2: exact mode; 3: the packed pass in one row; 4: per-row output rows;
+# 5: the row_step kind (exact steps from the forward pass's cache); 6: 16-bit forward passes
+# on the CPU one scenario each (forward.forward_rows)
 
 #: How the calibration a decoder uses came about: measured by this process, or reused
 #: from the cache directory (measured by an earlier run or another worker).
