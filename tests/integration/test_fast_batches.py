@@ -118,6 +118,25 @@ def test_a_16_bit_model_keeps_its_attention_in_the_forward_pass() -> None:
     assert FastDecoder(bf16, MAX_NEW).forward_attention is None
 
 
+def test_a_16_bit_model_on_the_cpu_forwards_one_scenario_a_pass(
+    oracle: LoadedModel, scenarios: list[Scenario]
+) -> None:
+    """On the CPU a 16-bit pass holds one scenario (longest first), an fp32 pass several;
+    either way the bf16 rollouts are the reference's."""
+    bf16 = load_model(BASE_MODEL, ADAPTERS / "oracle", dtype="bfloat16")
+    lengths = [len(conversation_ids(bf16.tokenizer, s)) for s in scenarios]
+    fast = FastDecoder(bf16, MAX_NEW, batch_size=8)
+    groups = fast.batch_groups(lengths)
+    assert [len(g) for g in groups] == [1] * len(scenarios)
+    assert [lengths[g[0]] for g in groups] == sorted(lengths, reverse=True)
+    assert max(len(g) for g in FastDecoder(oracle, MAX_NEW, batch_size=8).batch_groups(lengths)) > 1
+    subset = scenarios[:4]
+    rollouts = fast.decode(subset)
+    assert [r.batch for r in rollouts] == [1] * len(subset)
+    reference = ReferenceDecoder(bf16, MAX_NEW)
+    assert _outputs(rollouts) == _outputs([reference.rollout(s) for s in subset])
+
+
 def test_no_padding_mask_leaves_every_real_positions_logits_bit_for_bit(
     oracle: LoadedModel, scenarios: list[Scenario]
 ) -> None:
