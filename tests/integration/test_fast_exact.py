@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
 from pytest_memeval.decode import Rollout
-from pytest_memeval.decode.fast import Calibration, Disagreement, ExactMode, FastDecoder
+from pytest_memeval.decode.fast import Calibration, Disagreement, ExactMode, FastDecoder, Kind
 from pytest_memeval.decode.fast.exact import ExactStage
 from pytest_memeval.decode.fast.probe import probe_linear_rows
 from pytest_memeval.decode.fast.shared import Shared
@@ -140,36 +140,55 @@ def test_bf16_demo_mode_is_off_says_why_and_predicts_as_the_reference(
     assert decoder.stats.exact_turns == 0
 
 
-def _mode_on(loaded: LoadedModel, row_step: Disagreement | None) -> FastDecoder:
-    """A decoder using this model's calibration with exact mode on (the probe's rows, the
-    demo's 64-wide weights allowed to run row by row as in the tests above) and ``row_step``
-    measured as given (``None``: not measured); skips where the probe finds no batch."""
-    probe = probe_linear_rows(loaded.model, share=1.0)
+@dataclass(frozen=True)
+class Measured:
+    """The demo bf16 model's probe (64-wide weights allowed row by row) and calibration,
+    measured once for the module's exact-mode tests."""
+
+    probe: ExactMode
+    calibration: Calibration
+
+
+@pytest.fixture(scope="module")
+def bf16_measured(bf16: LoadedModel) -> Measured:
+    probe = probe_linear_rows(bf16.model, share=1.0)
     if not probe.on:
         pytest.skip(f"this CPU's bf16 linear kernels are batch-variant: {probe.reason}")
-    first = FastDecoder(loaded, MAX_NEW)
+    first = FastDecoder(bf16, MAX_NEW)
     first.decode(_scenarios(1))
     assert first.measured is not None
-    measured = {k: d for k, d in first.measured.measured.items() if k != "row_step"}
+    return Measured(probe, first.measured)
+
+
+def _mode_on(loaded: LoadedModel, measured: Measured, row_step: Disagreement | None) -> FastDecoder:
+    """A decoder using ``measured``'s calibration with exact mode on (the probe's rows) and
+    ``row_step`` measured as given (``None``: not measured)."""
+    kinds: dict[Kind, Disagreement] = {
+        k: d for k, d in measured.calibration.measured.items() if k != "row_step"
+    }
     if row_step is not None:
-        measured["row_step"] = row_step
+        kinds["row_step"] = row_step
     decoder = FastDecoder(loaded, MAX_NEW)
     decoder.use_calibration(
-        replace(first.measured, measured=measured, exact=replace(probe, checked_steps=1))
+        replace(
+            measured.calibration,
+            measured=kinds,
+            exact=replace(measured.probe, checked_steps=1),
+        )
     )
     assert decoder.exact_mode.on
     return decoder
 
 
 def test_pending_turns_continue_from_the_forward_cache_and_predict_as_the_reference(
-    bf16: LoadedModel,
+    bf16: LoadedModel, bf16_measured: Measured
 ) -> None:
     """Exact mode on: every pending turn is first continued in exact steps from the forward
     pass's cache, each decision read with the ``row_step`` bound, and decoded from the
     reference's own prefill where one is a near tie. The predictions are the reference
     path's, and both routes were taken."""
     # ``row_step`` as measured on the demo: 0 ulp everywhere, so the bound is the prior's.
-    decoder = _mode_on(bf16, Disagreement((0.0,), (0.0,)))
+    decoder = _mode_on(bf16, bf16_measured, Disagreement((0.0,), (0.0,)))
     assert decoder.bounds.ulps["row_step"] == 3.0
     scenarios = _scenarios(12)
     assert _outputs(decoder.decode(scenarios)) == _reference(bf16, scenarios)
@@ -180,10 +199,12 @@ def test_pending_turns_continue_from_the_forward_cache_and_predict_as_the_refere
     assert stats.handed_to_reference == 0
 
 
-def test_without_a_row_step_measurement_pending_turns_are_prefilled(bf16: LoadedModel) -> None:
+def test_without_a_row_step_measurement_pending_turns_are_prefilled(
+    bf16: LoadedModel, bf16_measured: Measured
+) -> None:
     """A calibration that did not measure ``row_step`` (the kind's bound would be the prior's
     alone) leaves the forward pass's cache unused: every pending turn is prefilled."""
-    decoder = _mode_on(bf16, None)
+    decoder = _mode_on(bf16, bf16_measured, None)
     scenarios = _scenarios(4)
     assert _outputs(decoder.decode(scenarios)) == _reference(bf16, scenarios)
     assert decoder.stats.exact_cached_turns == decoder.stats.exact_cached_near_tie == 0
