@@ -43,7 +43,6 @@ from pytest_memeval.compat.row_attention import (
 from pytest_memeval.compat.transformers import (
     forward_parameters,
     full_attention_kv,
-    generate_with_logits,
 )
 from pytest_memeval.decode._types import TurnOutput
 from pytest_memeval.decode.fast.bounds import ExactMode
@@ -54,7 +53,6 @@ from pytest_memeval.decode.fast.shared import Shared, Stage
 from pytest_memeval.decode.reference import (
     ReferenceSteps,
     decode_new_tokens,
-    greedy_settings,
     reference_steps,
 )
 
@@ -185,10 +183,10 @@ class ExactStage(Stage):
         cache, the bits its own prefill would compute, instead of computing them again."""
 
         def start(index: int) -> _Row | ExactTurn:
-            done = prefilled[index] if prefilled is not None else None
+            call = prefilled[index] if prefilled is not None else None
             row = (
-                self._prefilled_row(index, len(prompts[index]), done, keep_logits)
-                if done is not None and done.prompt_cache is not None
+                self._prefilled_row(index, len(prompts[index]), call, keep_logits)
+                if call is not None and call.prompt_cache is not None
                 else self._prefill(index, prompts[index], keep_logits)
             )
             return row if row is not None else ExactTurn(self._reference(prompts[index]))
@@ -262,34 +260,20 @@ class ExactStage(Stage):
         return _Row(index, item.length - 1, caches, item.tokens[-1], list(item.draft))
 
     def _prefill(self, index: int, prompt: Sequence[int], keep_logits: bool) -> _Row | None:
-        """The reference's own call for the first token: its token, logits and cache
-        (``None`` when the cache is not plain full-attention layers)."""
-        import torch
-
-        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.loaded.device)
-        settings = {
-            "input_ids": ids,
-            "attention_mask": torch.ones_like(ids),
-            "max_new_tokens": 1,
-            **greedy_settings(self.loaded),
-        }
-        with torch.inference_mode():
-            out = generate_with_logits(self.loaded.model, settings)
+        """The reference's own call for the first token (:func:`reference_steps` with one new
+        token): its token, logits and cache (``None`` when the cache is not plain
+        full-attention layers)."""
         self.stats.exact_prefills += 1
-        caches = full_attention_kv(out.cache)
-        if caches is None:
-            return None
-        token = int(out.sequences[0, len(prompt)])
-        logits = [out.logits[0][0].float().cpu()] if keep_logits else []
-        return _Row(index, len(prompt), list(caches), token, [token], logits)
+        call = reference_steps(self.loaded, prompt, 1, keep_prompt_cache=True)
+        return self._prefilled_row(index, len(prompt), call, keep_logits)
 
     @staticmethod
     def _prefilled_row(
         index: int, length: int, call: ReferenceSteps, keep_logits: bool
     ) -> _Row | None:
-        """What :meth:`_prefill` returns, taken from a reference call that kept its prompt's
-        cache: its first token and that token's logits, and the prompt's keys and values."""
-        if call.prompt_cache is None or not call.tokens:
+        """A row continuing a reference call that kept its prompt's cache: its first token
+        and that token's logits, and the prompt's keys and values (``None``: no cache kept)."""
+        if call.prompt_cache is None:
             return None
         token = call.tokens[0]
         logits = [call.logits[0].cpu()] if keep_logits else []

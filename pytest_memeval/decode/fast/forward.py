@@ -72,11 +72,12 @@ FORWARD_ATTENTION_DTYPES = frozenset({"float32", "float64"})
 
 #: Dtypes whose forward passes take one scenario each on the CPU. Without native 16-bit
 #: arithmetic the CPU emulates these GEMMs and is compute-bound, so batching saves nothing
-#: (SmolLM2 bf16, 8 scenarios: 88.7 s in passes of up to 8 similar lengths, 90.9 s one by
-#: one), while a batched pass's logits and caches drift from ``generate``'s batch-1 prefill
-#: and widen the bounds; one scenario alone gets its bits (measured there, 2026-12-03: 0 ulp
-#: at every ``first``, ``step`` and ``row_step`` position, against 1, 0 and 1.75 ulp batched;
-#: near ties went from 21 to 15 turns). See ``docs/decoding.md``, "One scenario a pass".
+#: (SmolLM2 bf16, 8 scenarios: 88.7 s in passes of up to 8 similar lengths, 90.9 s for the
+#: bench's floor, one scenario a call), while a batched pass's logits and caches drift from
+#: ``generate``'s batch-1 prefill and widen the bounds; one scenario alone gets its bits
+#: (measured there, 2026-12-03: 0 ulp at every ``first``, ``step`` and ``row_step``
+#: position, against 1, 0 and 1.75 ulp batched; near ties went from 21 to 15 turns). See
+#: ``docs/decoding.md``, "One scenario a pass".
 FORWARD_ALONE_DTYPES = frozenset({"bfloat16", "float16"})
 
 
