@@ -61,6 +61,8 @@ pytest_plugins = [
     "pytest_memeval.guards.items",
     # --memeval-progress / memeval_progress: progress lines while a run goes (controller).
     "pytest_memeval.runtime.progress",
+    # --memeval-stall-timeout / memeval_stall_timeout: a run that stops moving is stopped.
+    "pytest_memeval.runtime.stall",
     # The end of the session: pytest_memeval_run_finished, and its bundled implementations
     # (the Markdown step summary, JUnit properties, the MLflow logger when asked for).
     "pytest_memeval.tools.finished",

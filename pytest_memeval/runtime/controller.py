@@ -69,6 +69,7 @@ from pytest_memeval.runtime.resume import (
     resume_point,
 )
 from pytest_memeval.runtime.scheduler import SchedulerPlugin
+from pytest_memeval.runtime.stall import StallWatch, stall_timeout_from
 from pytest_memeval.runtime.startup import evaluates_nothing
 from pytest_memeval.runtime.state import MemevalState
 
@@ -123,13 +124,22 @@ class MemevalController:
         config.pluginmanager.register(_ReleaseRecords(), "memeval-release-records")
         #: how each process got the fast path's calibration (measured, reused)
         self.calibrations = CalibrationTally()
+        scheduler: SchedulerPlugin | None = None
         if config.pluginmanager.has_plugin("xdist"):
             config.pluginmanager.register(self.calibrations, "memeval-calibrations")
             config.pluginmanager.register(_XdistSelection(self), "memeval-xdist-selection")
-            config.pluginmanager.register(
-                SchedulerPlugin(state.benchmark.id_map, state.decode_path),
-                "memeval-scheduler",
-            )
+            scheduler = SchedulerPlugin(state.benchmark.id_map, state.decode_path)
+            config.pluginmanager.register(scheduler, "memeval-scheduler")
+        # A worker that stops without dying (stopped, stuck in a device call) ends the run
+        # as unfinished after --memeval-stall-timeout, instead of a run that never ends.
+        config.pluginmanager.register(
+            StallWatch(
+                stall_timeout_from(config),
+                scheduler.in_flight if scheduler is not None else dict,
+                lambda: state.journal,
+            ),
+            "memeval-stall-watch",
+        )
 
     # -- collection: which scenarios this run selected -------------------------------------
 
