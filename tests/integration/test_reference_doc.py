@@ -91,12 +91,12 @@ def reference() -> str:
 
 
 @pytest.fixture(scope="module")
-def pytest_help(pytester_module: Callable[..., str]) -> str:
-    return pytester_module("--help")
+def pytest_help(run_pytest: Callable[..., str]) -> str:
+    return run_pytest("--help")
 
 
 @pytest.fixture(scope="module")
-def pytester_module(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+def run_pytest(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
     """``pytest ARGS`` in a fresh process, in an empty directory: its standard output."""
     where = tmp_path_factory.mktemp("help")
 
