@@ -346,7 +346,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
     ``-k`` matches substrings of an item's names and extra keywords; the pytest id of an odd
     scenario id is a slug (``cafe_1-<hash>``), so the raw id is added too: ``-k café``
-    selects ``café 1`` (``-k`` names cannot hold spaces, quotes or ``#``; see README).
+    selects ``café 1`` (``-k`` names cannot hold spaces, quotes or ``#``; see docs/habits.md).
     """
     sid = scenario_param(item)
     if sid is not None and sid != item.name:

@@ -49,7 +49,7 @@ __all__ = [
 
 APP_NAME = "pytest-memeval"
 ENV_VAR = "MEMEVAL_CACHE_DIR"
-#: The kinds of entries, one folder each (docs: README, "The cache directory").
+#: The kinds of entries, one folder each (docs/profiles.md, "The cache directory").
 KINDS = ("gguf", "downloads", "calibration")
 
 _TMP_MARK = ".tmp-"

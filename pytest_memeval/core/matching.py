@@ -1,6 +1,6 @@
 """Answer matching and parse failures.
 
-The one rule, documented in the README ("Matching"):
+The one rule, documented in docs/benchmark-format.md ("Matching"):
 
 * ``normalize(text)``: Unicode NFC, surrounding whitespace stripped, every internal run of
   whitespace collapsed to one space, then ``str.casefold()``. Nothing else: punctuation,
