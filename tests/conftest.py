@@ -206,6 +206,12 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not getattr(config.option, "numprocesses", None) or config.option.dist != "load":
         return
+    if config.getoption("memeval_ckpt", None):
+        # An evaluation run from this repository (`pytest -n 2 --ckpt oracle`): the root
+        # conftest leaves tests/ out, and the eval items must keep the plugin's scenario
+        # scheduler. Under loadgroup each eval item would be a scope of its own, and xdist's
+        # loadscope family can hang after a worker crash with one-item scopes.
+        return
     given = config.invocation_params.args
     if any(str(arg).startswith(("--dist", "-d")) for arg in given):
         return

@@ -32,6 +32,7 @@ __all__ = [
     "missing_scope_hooks",
     "pending_item_indices",
     "require_scope_scheduling",
+    "scheduler_has_pending",
     "worker_specs",
 ]
 
@@ -145,6 +146,17 @@ class ScopeScheduling(LoadScopeScheduling):  # type: ignore[misc]
 
     def _reschedule(self, node: Any) -> None:
         self.reschedule(node)
+
+
+def scheduler_has_pending(config: pytest.Config) -> bool | None:
+    """Whether xdist's scheduler (whichever ``--dist`` chose) has items sent to workers or
+    queued and not finished; ``None`` outside a controller's test loop."""
+    # DSession.sched (set in its pytest_runtestloop) and Scheduling.has_pending (xdist's
+    # scheduler protocol, scheduler/protocol.py): 3.5.0-3.8.0.
+    session = config.pluginmanager.get_plugin(DSESSION_PLUGIN)
+    sched = getattr(session, "sched", None)
+    pending = getattr(sched, "has_pending", None)
+    return bool(pending) if pending is not None else None
 
 
 def pending_item_indices(config: pytest.Config) -> list[int] | None:

@@ -203,9 +203,9 @@ class Journal:
     def recover(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """Yield ``(offset, record)`` for every whole record line; truncate a torn tail.
 
-        Only the *last* line can be torn (each append is flushed whole before the next); an unreadable line
-        with good lines after it means the file was damaged otherwise, and is an error
-        rather than a reason to drop the records after it.
+        Only the *last* line can be torn (each append is flushed whole before the next); an
+        unreadable line with good lines after it means the file was damaged otherwise, and is
+        an error rather than a reason to drop the records after it.
         """
         for _lineno, offset, record in self.recover_lines():
             yield offset, record

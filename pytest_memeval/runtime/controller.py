@@ -26,7 +26,7 @@ from typing import Any, cast
 import pytest
 
 from pytest_memeval.compat.pytest import drop_report_record, report_record
-from pytest_memeval.compat.xdist import is_xdist_controller
+from pytest_memeval.compat.xdist import is_xdist_controller, scheduler_has_pending
 from pytest_memeval.core.formatting import columns, per_second, score_text, shown_ids
 from pytest_memeval.core.free_running import (
     left_truth_words,
@@ -137,6 +137,7 @@ class MemevalController:
                 stall_timeout_from(config),
                 scheduler.in_flight if scheduler is not None else dict,
                 lambda: state.journal,
+                lambda: bool(scheduler_has_pending(config)),
             ),
             "memeval-stall-watch",
         )

@@ -6,8 +6,9 @@ that blocks, a lock whose holder hangs. Its items stay outstanding, the controll
 them, and the run would wait for ever, eating a CI job's or a cluster allocation's whole time.
 
 The controller notes every event a worker sends (node up or down, collection, each item's
-start, report and finish). If none arrives for the stall timeout while the run is in its
-test loop, a watch thread interrupts the controller's main thread; the loop's wrapper turns
+start, report and finish). If none arrives for the stall timeout while items are
+outstanding (sent to a worker and not finished; without xdist, an item running), a watch
+thread interrupts the controller's main thread; the loop's wrapper turns
 that into one message naming each worker and the items it holds, and ends the session with
 ``pytest.exit`` (exit status 2, interrupted). The session's end still runs: the controller
 writes the scenarios evaluated so far as an unfinished run (``complete: false``, the others
@@ -15,7 +16,9 @@ writes the scenarios evaluated so far as an unfinished run (``complete: false``,
 stopped one is killed after its grace period).
 
 The default is generous (an hour): the first load of a 70B model from a network file system
-can take tens of minutes, and that time passes with no event. ``0`` turns the watch off.
+can take tens of minutes, and when a replacement worker loads it mid-run, the other workers
+may hold their last items that long with no event. Start-up itself (before any item is
+outstanding) is not timed. ``0`` turns the watch off.
 Without xdist the same watch covers the one process, as far as Python can be interrupted:
 a call stuck inside native code is interrupted only when it returns.
 
@@ -86,7 +89,9 @@ def describe_stall(
     """The one message a stopped run prints: who holds what (or is still starting: collecting
     and loading the model), and where the results are."""
     parts = [
-        f"{worker} holds {shown_ids(items)}" for worker, items in sorted(holdings.items()) if items
+        f"{worker} {'has' if ' ' in worker else 'holds'} {shown_ids(items)}"
+        for worker, items in sorted(holdings.items())
+        if items
     ]
     if starting:
         parts.append(
@@ -110,8 +115,10 @@ def describe_stall(
 class StallWatch:
     """Controller side: stops the run when no worker event arrived for ``timeout`` seconds.
 
-    ``holdings()`` says what each worker holds (the scheduler's view under xdist); ``journal()``
-    where the evaluated scenarios are, if any.
+    ``holdings()`` says what each worker holds (the scenario scheduler's view under xdist);
+    ``pending()`` whether xdist's scheduler, whichever ``--dist`` chose it, has items not
+    finished (the one signal when another scheduler than ours runs); ``journal()`` where the
+    evaluated scenarios are, if any.
     """
 
     def __init__(
@@ -119,10 +126,12 @@ class StallWatch:
         timeout: float,
         holdings: Callable[[], Holdings],
         journal: Callable[[], str | None],
+        pending: Callable[[], bool] = lambda: False,
     ) -> None:
         self.timeout = timeout
         self.holdings = holdings
         self.journal = journal
+        self.pending = pending
         self.last_event = time.monotonic()
         #: the message, once the watch fired
         self.fired: str | None = None
@@ -166,6 +175,10 @@ class StallWatch:
         held = {worker: items for worker, items in self.holdings().items() if items}
         if held or self._starting:
             return held
+        if self.pending():
+            # Another --dist than the scenario scheduler: xdist knows, but does not say, who
+            # holds what; the items started and not finished are what the events showed.
+            return {"xdist's scheduler": sorted(self._running) or ["items sent, none started"]}
         return {"this process": sorted(self._running)}
 
     def starting(self) -> list[str]:
@@ -193,6 +206,11 @@ class StallWatch:
 
     def _watch(self) -> None:
         while not self._done.wait(timeout=min(1.0, self.timeout)):
+            if not any(self.held_items().values()):
+                # Nothing outstanding (workers starting: collecting, loading the model, or
+                # between items): the clock runs only while a worker holds items.
+                self.touch()
+                continue
             if time.monotonic() - self.last_event < self.timeout:
                 continue
             if self._done.is_set():

@@ -23,7 +23,7 @@ import pytest
 from pytest_memeval.core.ids import IdMap
 from pytest_memeval.runtime.scheduler import ScenarioScheduling
 
-from ..xdistsim import FakeConfig, FakeNode, Hang, Simulation
+from ..xdistsim import FakeConfig, FakeNode, Simulation
 
 
 class QuietLog:
