@@ -43,6 +43,9 @@ generation = {{ max_new_tokens = 16 }}
     return path
 
 
+# Two benches and a pytest -n 2 shard of a few scenarios each: process start-ups are most of
+# its time (about half a minute on a quiet 2-core machine).
+@pytest.mark.slow
 def test_the_cpu_check_benches_runs_bound_workers_and_says_what_is_absent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
