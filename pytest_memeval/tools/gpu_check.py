@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import math
 import os
 import signal
@@ -158,38 +159,29 @@ class Plan:
     steps: list[Step]
 
 
-def _memeval(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest_memeval", *args]
+@dataclass(frozen=True)
+class Where:
+    """What every step is given: the device, the profiles file and the cache directory, as
+    absolute paths (the steps run in a temporary directory)."""
+
+    device: str
+    profiles: Path
+    cache_dir: Path | None
 
 
-def _bench_step(
-    profile: Profile, dtype: str, n: int, args: argparse.Namespace, profiles: Path
-) -> Step:
-    device = "cuda" if args.device == "cuda" else "cpu"
-    argv = _memeval(
-        "bench",
-        "--profiles",
-        str(profiles),
-        "--profile",
-        profile.name,
-        "--device",
-        device,
-        "--dtype",
-        dtype,
-        "-n",
-        str(n),
-        "--turns",
-        "",
-    )
-    if args.cache_dir is not None:
-        argv += ["--cache-dir", str(args.cache_dir)]
+def _bench_step(where: Where, profile: Profile, dtype: str, n: int) -> Step:
+    argv = [sys.executable, "-m", "pytest_memeval", "bench", "--profiles", str(where.profiles)]
+    argv += ["--profile", profile.name, "--device", where.device, "--dtype", dtype]
+    argv += ["-n", str(n), "--turns", ""]
+    if where.cache_dir is not None:
+        argv += ["--cache-dir", str(where.cache_dir)]
     return Step(f"bench {profile.name} {dtype}", "bench", argv)
 
 
-def _real_steps(args: argparse.Namespace, profiles: Path, sizes: Sizes) -> list[Step]:
+def _real_steps(where: Where, sizes: Sizes) -> list[Step]:
     """SmolLM2's benches, or one step that says why they cannot run."""
     try:
-        real = resolve_profile(REAL_PROFILE, profiles)
+        real = resolve_profile(REAL_PROFILE, where.profiles)
     except ProfileError as exc:
         return [Step(f"bench {REAL_PROFILE}", "bench", None, f"not run: {exc}")]
     if real.model is None or not real.model.exists():
@@ -203,30 +195,41 @@ def _real_steps(args: argparse.Namespace, profiles: Path, sizes: Sizes) -> list[
             )
         ]
     # bfloat16 first: batched 16-bit passes and the exact mode are the open questions there.
-    return [_bench_step(real, dtype, sizes.real, args, profiles) for dtype in DTYPES[::-1]]
+    return [_bench_step(where, real, dtype, sizes.real) for dtype in DTYPES[::-1]]
 
 
-def _pytest_step(
-    args: argparse.Namespace, profiles: Path, sizes: Sizes, workers: int, gpus: tuple[str, ...]
-) -> Step:
-    argv = [sys.executable, "-m", "pytest", "test_eval.py", "--ckpt", DEMO_PROFILE]
-    argv += ["-n", str(workers), "-p", "no:randomly", "-p", "no:cacheprovider", "-rN"]
-    argv += ["-o", f"memeval_profiles={profiles}", "--memeval-out=run"]
-    if args.device == "cpu":
+def _plugin_args() -> list[str]:
+    """``-p pytest_memeval.plugin`` where the package is not installed (a checkout on
+    ``PYTHONPATH``, as on a borrowed machine): pytest then finds no entry point for it. Where
+    it is installed the entry point loads it, and naming it again would register it twice."""
+    installed = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    return [] if "memeval" in installed else ["-p", "pytest_memeval.plugin"]
+
+
+def _pytest_step(where: Where, sizes: Sizes, workers: int, gpus: tuple[str, ...]) -> Step:
+    argv = [sys.executable, "-m", "pytest", *_plugin_args(), "test_eval.py"]
+    argv += ["--ckpt", DEMO_PROFILE, "-n", str(workers), "-rN"]
+    argv += ["-p", "no:randomly", "-p", "no:cacheprovider"]
+    argv += ["-o", f"memeval_profiles={where.profiles}", "--memeval-out=run"]
+    if where.device == "cpu":
         argv += ["--memeval-gpus", "cpu"]
     elif workers > len(gpus):
         argv += ["--memeval-workers-per-gpu", str(math.ceil(workers / len(gpus)))]
     if sizes.shard is not None:
         argv.append(f"--memeval-shard={sizes.shard}")
-    if args.cache_dir is not None:
-        argv.append(f"--memeval-cache-dir={args.cache_dir}")
+    if where.cache_dir is not None:
+        argv.append(f"--memeval-cache-dir={where.cache_dir}")
     return Step(f"pytest --ckpt {DEMO_PROFILE} -n {workers}", "pytest", argv)
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
     """The check's steps for ``args``; :class:`ProfileError`/:class:`DeviceError` on bad
     input."""
-    profiles = args.profiles.resolve()
+    where = Where(
+        args.device,
+        args.profiles.resolve(),
+        args.cache_dir.resolve() if args.cache_dir is not None else None,
+    )
     sizes = SIZES[(args.device, bool(args.quick))]
     gpus: tuple[str, ...] = ()
     if args.device == "cuda":
@@ -237,16 +240,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if workers < 1:
         raise DeviceError("--workers must be at least 1")
     budget = float(args.budget) if args.budget is not None else float(sizes.budget_s)
-    demo = resolve_profile(DEMO_PROFILE, profiles)
+    demo = resolve_profile(DEMO_PROFILE, where.profiles)
     env = Step(
         "environment",
         "env",
         [sys.executable, "-c", ENV_PROBE, args.device],
         shown="python -c <versions, devices and their memory>",
     )
-    steps = [env, *(_bench_step(demo, d, sizes.demo, args, profiles) for d in DTYPES)]
-    steps.append(_pytest_step(args, profiles, sizes, workers, gpus))
-    steps += _real_steps(args, profiles, sizes)
+    steps = [env, *(_bench_step(where, demo, dtype, sizes.demo) for dtype in DTYPES)]
+    steps.append(_pytest_step(where, sizes, workers, gpus))
+    steps += _real_steps(where, sizes)
     return Plan(args.device, sizes, budget, workers, gpus, steps)
 
 
