@@ -82,10 +82,12 @@ class Sizes:
 
 
 #: Sizes by device and ``--quick``. On a GPU the reference path, not the fast one, sets the
-#: time: ``generate`` is one kernel launch per layer and token whatever the batch, about 1 s a
-#: demo scenario's worth of turns and 1-2 s a SmolLM2 scenario's (30 layers) by that count;
-#: 96 and 48 scenarios keep both benches of each model within two to three minutes (the first
-#: SmolLM2 bench also converts the GGUF file once, in the cache directory).
+#: time: a ``generate`` step of a small model is bound by kernel launches (several per layer),
+#: not by arithmetic. The GPU sizes are an estimate, not yet a measurement (no GPU has run this
+#: code): at a few milliseconds a step, 96 demo and 48 SmolLM2 scenarios should keep each bench
+#: within two or three minutes, and the budget cuts whatever does not (the first SmolLM2 bench
+#: also converts the GGUF file once, in the cache directory). The first report's seconds are
+#: the ones to size the next run by.
 SIZES: dict[tuple[str, bool], Sizes] = {
     ("cuda", False): Sizes(demo=96, real=48, shard=None, step_s=200, budget_s=570),
     ("cuda", True): Sizes(demo=24, real=8, shard="1/8", step_s=120, budget_s=300),
