@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import importlib.util
 import math
 import os
 import signal
@@ -194,6 +195,16 @@ def _real_steps(where: Where, sizes: Sizes) -> list[Step]:
                 None,
                 f"not run: the SmolLM2 file {real.model} is absent (fetch it with "
                 "`memeval fetch`, see demo/ASSETS.md, then run the check again)",
+            )
+        ]
+    if str(real.model).endswith(".gguf") and importlib.util.find_spec("gguf") is None:
+        return [
+            Step(
+                f"bench {REAL_PROFILE}",
+                "bench",
+                None,
+                "not run: reading the SmolLM2 GGUF file needs the gguf package, which is not "
+                "installed (pip install 'pytest-memeval[gguf]')",
             )
         ]
     # bfloat16 first: batched 16-bit passes and the exact mode are the open questions there.
