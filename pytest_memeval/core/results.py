@@ -125,7 +125,11 @@ class FinishedRun:
 
 
 class _Batches:
-    """``mean_batch``/``batch_size`` of the records a batched forward pass decoded."""
+    """``mean_batch``/``batch_size`` of the records a batched forward pass decoded: the mean
+    of each record's ``decode_batch`` (scenarios in its forward pass: a scenario-weighted
+    mean) and the largest ``decode_batch_size`` (the most a pass may hold under the batching
+    rules of its device and dtype). The same on every device; docs/decoding.md, "What
+    ``mean batch M of B`` is"."""
 
     def __init__(self) -> None:
         self.n = self.total = self.largest = 0

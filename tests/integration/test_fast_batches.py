@@ -133,6 +133,9 @@ def test_a_16_bit_model_on_the_cpu_forwards_one_scenario_a_pass(
     subset = scenarios[:4]
     rollouts = fast.decode(subset)
     assert [r.batch for r in rollouts] == [1] * len(subset)
+    # What a pass may hold here (the summary's "of B"): 1, whatever batch_size says.
+    assert [r.batch_size for r in rollouts] == [1] * len(subset) and fast.rows_per_pass == 1
+    assert FastDecoder(oracle, MAX_NEW, batch_size=8).rows_per_pass == 8
     reference = ReferenceDecoder(bf16, MAX_NEW)
     assert _outputs(rollouts) == _outputs([reference.rollout(s) for s in subset])
 

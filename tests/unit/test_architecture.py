@@ -266,6 +266,7 @@ FAST = f"{ROOT}.decode.fast"
 #: scenario meets them, the orchestrating decoder last: a module imports only modules before
 #: it, so each stage reads without the ones after it
 FAST_MODULES = (
+    "rules",
     "stats",
     "logits",
     "bounds",

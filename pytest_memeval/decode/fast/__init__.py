@@ -22,6 +22,8 @@ reference path. See ``docs/decoding.md``.
 
 The package is the decoder's stages, one module each, in the order a scenario meets them:
 
+* ``rules.py``: how forward passes are composed, by device kind and dtype (the batching
+  rules, each with the measurement behind it);
 * ``plan.py``: what a scenario must reproduce (prompts, expected tokens), or why the fast
   argument does not hold for it;
 * ``bounds.py``: when a greedy decision is trusted (the margin guard, and the calibration
@@ -75,6 +77,7 @@ from pytest_memeval.decode.fast.decoder import (
 )
 from pytest_memeval.decode.fast.generate import GENERATE_LOGITS_BYTES, GENERATE_ROWS
 from pytest_memeval.decode.fast.plan import unsafe_generation_settings
+from pytest_memeval.decode.fast.rules import BatchingRules, batching_rules, device_kind
 from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
 from pytest_memeval.decode.fast.stored import (
     STORE_FORMAT,
@@ -98,6 +101,7 @@ __all__ = [
     "PRIOR_ULPS",
     "SAFETY",
     "STORE_FORMAT",
+    "BatchingRules",
     "Bounds",
     "Calibration",
     "CalibrationCacheWarning",
@@ -110,8 +114,10 @@ __all__ = [
     "Kind",
     "StageSeconds",
     "StoredCalibration",
+    "batching_rules",
     "calibrated_bound",
     "default_margin",
+    "device_kind",
     "summarize",
     "ulp",
     "unsafe_generation_settings",

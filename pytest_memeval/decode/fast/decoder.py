@@ -22,7 +22,6 @@ from collections.abc import Iterable, Sequence
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH, history_name
 from pytest_memeval.decode._types import Rollout, TurnOutput
-from pytest_memeval.decode.batches import length_batches
 from pytest_memeval.decode.fast.answers import AnswerIndex
 from pytest_memeval.decode.fast.bounds import Bounds, Calibration, ExactMode
 from pytest_memeval.decode.fast.calibration import (
@@ -38,12 +37,19 @@ from pytest_memeval.decode.fast.forward import (
     PendingTurn,
     ProvenOutputs,
     forward_attention_for,
-    forward_rows,
 )
 from pytest_memeval.decode.fast.generate import Generator
 from pytest_memeval.decode.fast.history import FreeRunner
 from pytest_memeval.decode.fast.plan import Planner, ReferenceOnly, ScenarioPlan
 from pytest_memeval.decode.fast.pool import HeldBatch, Planned, Pool
+from pytest_memeval.decode.fast.rules import (
+    ACCELERATOR_BATCH_SIZE,
+    CPU,
+    CPU_BATCH_SIZE,
+    DEFAULT_MAX_BATCH_TOKENS,
+    FORWARD_MIN_FILL,
+    batching_rules,
+)
 from pytest_memeval.decode.fast.shared import Shared
 from pytest_memeval.decode.fast.stored import CalibrationOutcome, CalibrationStore, Measurement
 from pytest_memeval.decode.fast.verify import Verifier
@@ -54,24 +60,14 @@ __all__ = [
     "DEFAULT_ACCELERATOR_BATCH_SIZE",
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_MAX_BATCH_TOKENS",
+    "FORWARD_MIN_FILL",
     "FastDecoder",
 ]
 
-#: Scenarios per forward pass (an upper bound; :data:`DEFAULT_MAX_BATCH_TOKENS` also applies),
-#: by device kind. On CPU, eager attention over a wide batch cost more than batching saved (4
-#: beat 1, 8 and 16); with the forward pass's causal sdpa (``forward.FORWARD_ATTENTION``) 4 to
-#: 16 cost the same and 32 twice as much (see ``docs/decoding.md``, "Forward-pass batches"): 8
-#: keeps the scheduler's chunks under xdist small. Accelerators want wide batches.
-DEFAULT_BATCH_SIZES: dict[str, int] = {"cpu": 8}
-#: The least share of a forward pass's positions that are real tokens: a shorter row starts
-#: the next pass. Padding is computation thrown away, and a pass is compute-bound on a CPU
-#: (bf16 most of all, emulated without native support): 8 scenarios of the smol-oracle
-#: benchmark in one pass computed 6256 positions for 3666 tokens, and the forward passes took
-#: 1.9x the floor (one pass per scenario); at 90%, 3819 positions.
-FORWARD_MIN_FILL = 0.9
-DEFAULT_ACCELERATOR_BATCH_SIZE = 16
-#: Padded tokens per forward pass (batch rows x longest row), bounding activation memory.
-DEFAULT_MAX_BATCH_TOKENS = 32768
+#: Default scenarios per forward pass by device kind, and the token budget: chosen with the
+#: other batching rules in ``rules.py`` (kept here under these names for existing callers).
+DEFAULT_BATCH_SIZES: dict[str, int] = {CPU: CPU_BATCH_SIZE}
+DEFAULT_ACCELERATOR_BATCH_SIZE = ACCELERATOR_BATCH_SIZE
 
 
 class FastDecoder:
@@ -113,8 +109,10 @@ class FastDecoder:
         exact: bool | None = None,
     ) -> None:
         device_type = str(loaded.device).split(":")[0]
+        #: how forward passes are composed on this device in this dtype (``rules.py``)
+        self.rules = batching_rules(device_type, loaded.dtype)
         if batch_size is None:
-            batch_size = DEFAULT_BATCH_SIZES.get(device_type, DEFAULT_ACCELERATOR_BATCH_SIZE)
+            batch_size = self.rules.batch_size
         if batch_size < 1 or max_batch_tokens < 1 or max_new_tokens < 1:
             raise ValueError("batch_size, max_batch_tokens and max_new_tokens must be >= 1")
         self.loaded = loaded
@@ -228,11 +226,18 @@ class FastDecoder:
         groups = self.batch_groups([len(p.plan.full) for p in planned])
         return [[planned[i] for i in group] for group in groups]
 
+    @property
+    def rows_per_pass(self) -> int:
+        """Most scenarios one forward pass holds here: ``batch_size`` under the device's
+        rules (1 for a 16-bit model on the CPU); each rollout's ``batch_size``."""
+        return self.rules.rows(self.batch_size)
+
     def batch_groups(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Indices of ``lengths`` in forward passes (:func:`~.batches.length_batches`, up to
-        :func:`~.forward.forward_rows` scenarios a pass)."""
-        rows = forward_rows(self.loaded, self.batch_size)
-        return length_batches(lengths, rows, self.max_batch_tokens, FORWARD_MIN_FILL)
+        """Indices of ``lengths`` in forward passes: the plan of the device's batching rules
+        (:meth:`~.rules.BatchingRules.plan`)."""
+        return self.rules.plan(
+            lengths, batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens
+        )
 
     def pool_full(self, pending: int, tokens: int) -> bool:
         """Whether ``pending`` turns held over passes of ``tokens`` padded tokens are settled
@@ -282,7 +287,7 @@ class FastDecoder:
         done = tuple(o for o in row if o is not None)
         assert len(done) == len(plan.turns)
         tail = prompt_tail(self.loaded, plan.turns[-1].prompt.ids)
-        return Rollout(done, self.path, tail, batch=batch, batch_size=self.batch_size)
+        return Rollout(done, self.path, tail, batch=batch, batch_size=self.rows_per_pass)
 
     def _reference_rollout(self, plan: ReferenceOnly) -> Rollout:
         """Exactly what :class:`~.reference.ReferenceDecoder` does, plus the plan's note."""

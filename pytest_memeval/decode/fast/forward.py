@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "FORWARD_ALONE_DTYPES",
     "FORWARD_ATTENTION",
     "FORWARD_ATTENTION_DTYPES",
     "ForwardDecisions",
@@ -52,7 +51,6 @@ __all__ = [
     "PendingTurn",
     "ProvenOutputs",
     "forward_attention_for",
-    "forward_rows",
 ]
 
 #: The attention implementation of the fast path's forward passes, by the one the model was
@@ -68,24 +66,6 @@ FORWARD_ATTENTION: dict[str, str] = {"eager": "sdpa"}
 #: forward pass and ``generate``'s prefill mostly agree bit for bit, which the same kernel
 #: gives; another kernel there was not measured.
 FORWARD_ATTENTION_DTYPES = frozenset({"float32", "float64"})
-
-
-#: Dtypes whose forward passes take one scenario each on the CPU. Without native 16-bit
-#: arithmetic the CPU emulates these GEMMs and is compute-bound, so batching saves nothing
-#: (SmolLM2 bf16, 8 scenarios: 88.7 s in passes of up to 8 similar lengths, 90.9 s for the
-#: bench's floor, one scenario a call), while a batched pass's logits and caches drift from
-#: ``generate``'s batch-1 prefill and widen the bounds; one scenario alone gets its bits
-#: (measured there, 2026-12-03: 0 ulp at every ``first``, ``step`` and ``row_step``
-#: position, against 1, 0 and 1.75 ulp batched; near ties went from 21 to 15 turns). See
-#: ``docs/decoding.md``, "One scenario a pass".
-FORWARD_ALONE_DTYPES = frozenset({"bfloat16", "float16"})
-
-
-def forward_rows(loaded: LoadedModel, batch_size: int) -> int:
-    """Most scenarios a forward pass holds: 1 for a 16-bit model on the CPU
-    (:data:`FORWARD_ALONE_DTYPES`), else ``batch_size``."""
-    on_cpu = str(loaded.device).split(":")[0] == "cpu"
-    return 1 if on_cpu and loaded.dtype in FORWARD_ALONE_DTYPES else batch_size
 
 
 def forward_attention_for(loaded: LoadedModel, requested: str | None) -> str | None:

@@ -69,6 +69,11 @@ class Stages(Protocol):
     batch_size: int
     max_batch_tokens: int
 
+    @property
+    def rows_per_pass(self) -> int:
+        """Most scenarios one forward pass holds (the batching rules' rows)."""
+        ...
+
     def forward_batch(self, plans: list[ScenarioPlan]) -> ForwardDecisions:
         """One forward pass (measured against the reference first when that is due)."""
         ...
@@ -336,7 +341,7 @@ class FreeRunner(Stage):
             self.stages.path,
             track.tail,
             batch=track.batch,
-            batch_size=self.stages.batch_size,
+            batch_size=self.stages.rows_per_pass,
             history=HISTORY_MODEL,
         )
 

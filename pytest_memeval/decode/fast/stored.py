@@ -54,7 +54,7 @@ __all__ = [
 #: reused.
 STORE_FORMAT = 6  # 2: exact mode; 3: the packed pass in one row; 4: per-row output rows;
 # 5: the row_step kind (exact steps from the forward pass's cache); 6: 16-bit forward passes
-# on the CPU one scenario each (forward.forward_rows)
+# on the CPU one scenario each (rules.FORWARD_ALONE_DTYPES)
 
 #: How the calibration a decoder uses came about: measured by this process, or reused
 #: from the cache directory (measured by an earlier run or another worker).
