@@ -27,8 +27,8 @@ PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 
 from __future__ import annotations
 
-import _thread
 import math
+import signal
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -219,7 +219,8 @@ class StallWatch:
                 self.timeout, self.held_items(), self.starting(), self.journal()
             )
             # The controller's main thread waits on xdist's event queue (in two-second
-            # polls) or runs an item: a KeyboardInterrupt reaches it there, and the wrapper
-            # above turns it into this message and an orderly end of the session.
-            _thread.interrupt_main()
+            # polls) or runs an item: SIGINT's KeyboardInterrupt reaches it there (Python
+            # runs signal handlers in the main thread), and the wrapper above turns it into
+            # this message and an orderly end of the session. Only this process gets it.
+            signal.raise_signal(signal.SIGINT)
             return
