@@ -10,7 +10,7 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -87,3 +87,45 @@ def scripted(actions: Sequence[str]) -> Any:
         return next(queue)
 
     return policy
+
+
+#: the words of :func:`say_the_word_env`'s game
+WORDS = ("apple", "brick", "cloud")
+
+
+def say_the_word_env(gymnasium: Any) -> type[Any]:
+    """A real ``gymnasium.Env`` (Text spaces; passes Gymnasium's ``check_env``): the seed
+    picks a word, the observation names it, saying it wins. ``max_turns`` is the env's own
+    limit (Gymnasium's ``truncated``)."""
+    import string
+
+    from gymnasium.spaces import Text
+
+    class SayTheWord(gymnasium.Env):
+        metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+        def __init__(self, max_turns: int = 100) -> None:
+            self.observation_space = Text(max_length=200, charset=string.printable)
+            self.action_space = Text(max_length=20, charset=string.ascii_lowercase)
+            self.max_turns = max_turns
+            self.target = WORDS[0]
+            self.turns = 0
+
+        def reset(
+            self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        ) -> tuple[str, dict[str, Any]]:
+            super().reset(seed=seed)
+            self.target = WORDS[int(self.np_random.integers(len(WORDS)))]
+            self.turns = 0
+            info = {"task_description": "Say the secret word.", "valid_actions": list(WORDS)}
+            return f"  Say the word {self.target}.  \n", {**info, "score": 0.0}
+
+        def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+            self.turns += 1
+            won = action == self.target
+            said = "Not that one." if action in WORDS else "Unknown word."
+            info = {"is_success": won, "valid_actions": list(WORDS), "score": float(won)}
+            truncated = not won and self.turns >= self.max_turns
+            return ("Yes!" if won else said), float(won), won, truncated, info
+
+    return SayTheWord
