@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_memeval.compat import installed_version
-from pytest_memeval.compat.textworld_express import java_process
+from pytest_memeval.compat.textworld_express import close_env, java_process
 from pytest_memeval.env.protocol import EnvInfo, EnvSetupError, StepResult
 from pytest_memeval.env.spec import EnvSpec
 
@@ -147,10 +147,10 @@ class TextWorldExpress:
         if self._closed:
             return
         self._closed = True
-        # A JVM that died or was killed can make py4j's shutdown raise; waiting for (or
-        # killing) the process below is what guarantees none is left, so go on to it.
+        # Closing a gateway whose JVM died may still raise; waiting for (or killing) the
+        # process below is what guarantees that none is left, so go on to it.
         with contextlib.suppress(Exception):
-            self._env.close()
+            close_env(self._env)
         _reap(self._process)
 
 
