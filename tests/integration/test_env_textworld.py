@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from pytest_memeval.compat import textworld_express as ctwx
 from pytest_memeval.env import (
     EnvSetupError,
     Episode,
@@ -133,6 +134,9 @@ def test_close_leaves_no_jvm_and_can_be_called_twice() -> None:
     env.close()
     assert not is_running(pid) and pid not in java_children()
     env.close()
+    raw = env._env  # the textworld_express env: its __del__ calls its close(), now a no-op
+    assert raw.close() is None and ctwx.java_process(raw) is not None
+    assert ctwx.java_process(raw).pid == pid  # type: ignore[union-attr]
 
 
 def test_a_jvm_that_dies_mid_episode_is_an_environment_error() -> None:
