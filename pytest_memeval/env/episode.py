@@ -146,6 +146,20 @@ class Episode:
     def invalid_actions(self) -> int:
         return sum(1 for s in self.steps if s.valid is False)
 
+    def summary(self) -> str:
+        """One line on how the episode ended, for a failure message."""
+        words = self.reason.value.replace("_", " ")
+        line = f"seed {self.seed}: {words} after {len(self.steps)} action(s)"
+        if self.invalid_actions:
+            line += f" ({self.invalid_actions} invalid)"
+        line += f", score {self.score:g}"
+        if self.error is not None:
+            line += f"; {self.error}"
+        elif self.steps:
+            last = self.steps[-1]
+            line += f"; last {last.action!r} -> {_first_line(last.observation)!r}"
+        return line
+
     def as_plain(self) -> dict[str, Any]:
         """JSON-able (the reason by its value)."""
         return {
@@ -293,6 +307,11 @@ def _timed(call: Callable[[], _T], timeout: float | None, what: str) -> _T:
         raise box["error"]
     value: _T = box["value"]
     return value
+
+
+def _first_line(text: str, limit: int = 120) -> str:
+    line = text.strip().split("\n", 1)[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _describe(exc: BaseException) -> str:
