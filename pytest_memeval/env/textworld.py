@@ -117,6 +117,9 @@ class TextWorldExpress:
     def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, EnvInfo]:
         """Generate ``seed``'s episode in the fold; ``options={"gold_path": True}`` also
         generates its gold action sequence."""
+        unknown = sorted(set(options or {}) - {"gold_path"})
+        if unknown:
+            raise ValueError(f"TextWorld Express resets take the option gold_path, not {unknown}")
         gold = bool((options or {}).get("gold_path", False))
         observation, infos = self._env.reset(seed=seed, gameFold=self.fold, generateGoldPath=gold)
         return str(observation), _env_info(infos)

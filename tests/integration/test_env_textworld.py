@@ -71,6 +71,8 @@ def test_a_seed_resets_the_same_way_every_time(twx: TextWorldExpress) -> None:
     )
     assert info.valid_actions and "look around" in info.valid_actions
     assert (info.score, info.success, info.failure) == (0.0, False, False)
+    with pytest.raises(ValueError, match=r"take the option gold_path, not \['gold'\]"):
+        twx.reset(0, {"gold": True})
 
 
 @pytest.mark.parametrize("seed", SEEDS)
