@@ -3,9 +3,10 @@
 Plain Python, no torch: the protocol (:mod:`.protocol`: Gymnasium's ``reset``/``step``/
 ``close`` with text and a typed info), a profile's ``env`` table (:mod:`.spec`), the built-in
 backends (:mod:`.textworld`: TextWorld Express; :mod:`.gym_adapter`: any Gymnasium env with
-text), which of them a spec gets (:mod:`.registry`), and one episode of a policy in an
-environment (:mod:`.episode`). Imports only :mod:`pytest_memeval.compat`; optional packages
-(textworld_express, gymnasium) only when a backend is made. See docs/closed-loop.md.
+text), which of them a spec gets (:mod:`.registry`), one episode of a policy in an environment
+(:mod:`.episode`), and one environment for a process's episodes (:mod:`.runner`). Imports
+only :mod:`pytest_memeval.compat`; optional packages (textworld_express, gymnasium) only when
+a backend is made. See docs/closed-loop.md.
 """
 
 from pytest_memeval.env.episode import (
@@ -27,6 +28,7 @@ from pytest_memeval.env.protocol import (
     TextEnv,
 )
 from pytest_memeval.env.registry import BUILTIN_BACKENDS, make_env
+from pytest_memeval.env.runner import EpisodeRunner
 from pytest_memeval.env.spec import EnvSpec, parse_env_spec, parse_seeds
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "EnvSpec",
     "EnvSpecError",
     "Episode",
+    "EpisodeRunner",
     "Message",
     "Policy",
     "PolicyOutput",

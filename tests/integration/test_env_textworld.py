@@ -16,11 +16,13 @@ from pytest_memeval.compat import textworld_express as ctwx
 from pytest_memeval.env import (
     EnvSetupError,
     Episode,
+    EpisodeRunner,
     TerminationReason,
     TextEnv,
     make_env,
     run_episode,
 )
+from pytest_memeval.env.spec import EnvSpec
 from pytest_memeval.env.textworld import TextWorldExpress
 
 from ..envs import TWC_TABLE, is_running, java_children, require_textworld, scripted, twc_spec
@@ -170,6 +172,38 @@ def test_parameters_the_game_refuses_are_a_setup_error_and_no_jvm_is_left() -> N
     assert "Unrecognized property name (numRooms)" in message
     assert "Known properties: numLocations, numItemsToPutAway" in message
     assert java_children() == before
+
+
+def test_a_runner_keeps_one_jvm_and_replaces_it_after_an_environment_error(
+    twx: TextWorldExpress,
+) -> None:
+    gold = {seed: _gold(twx, seed) for seed in (0, 1, 3)}
+    before = java_children()
+    pids: list[int] = []
+
+    def make(spec: EnvSpec) -> TextEnv:
+        env = make_env(spec)
+        assert isinstance(env, TextWorldExpress) and env.pid is not None
+        pids.append(env.pid)
+        return env
+
+    def kill(messages: object) -> str:
+        os.kill(pids[-1], signal.SIGKILL)
+        return "look around"
+
+    with EpisodeRunner(twc_spec(max_steps=8), make) as runner:
+        assert runner.made == 0 and java_children() == before  # nothing started yet
+        first = [runner.run(seed, scripted(gold[seed])) for seed in (0, 1)]
+        assert [e.reason for e in first] == [TerminationReason.SUCCESS] * 2
+        assert runner.made == 1
+        broken = runner.run(2, kill)
+        assert broken.reason is TerminationReason.ENV_ERROR and not is_running(pids[0])
+        after = runner.run(3, scripted(gold[3]))
+        assert after.reason is TerminationReason.SUCCESS and runner.made == 2
+        assert is_running(pids[1])
+        with pytest.raises(ValueError, match=r"seed 10 is not among env\.seeds"):
+            runner.run(10, scripted(gold[0]))
+    assert not is_running(pids[1]) and java_children() == before
 
 
 def test_the_table_in_the_helper_is_the_documented_one() -> None:
