@@ -194,7 +194,9 @@ def run_episode(
     other than that one propagates: it is the model side's error, not an episode's end.
     """
     try:
-        observation, info = _timed(lambda: env.reset(seed, options), step_timeout_s, "reset")
+        observation, info = _reset_result(
+            _timed(lambda: env.reset(seed, options), step_timeout_s, "reset")
+        )
     except Exception as exc:
         return Episode(seed, TerminationReason.ENV_ERROR, (), "", (), 0.0, _describe(exc))
     system_text = system if system is not None else (info.task_description or "")
@@ -206,7 +208,7 @@ def run_episode(
             return run.end(TerminationReason.CONTEXT_LIMIT)
         text, truncated = _action(output)
         try:
-            result = _timed(functools.partial(env.step, text), step_timeout_s, "step")
+            result = _step_result(_timed(functools.partial(env.step, text), step_timeout_s, "step"))
         except Exception as exc:
             return run.end(TerminationReason.ENV_ERROR, _describe(exc))
         reason = run.record(text, truncated, result, invalid_action_limit)
@@ -272,6 +274,42 @@ class _Run:
             score,
             error,
         )
+
+
+def _reset_result(result: object) -> tuple[str, EnvInfo]:
+    """``reset``'s answer checked against the protocol (a plugin's env may not keep it)."""
+    if (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], str)
+        and isinstance(result[1], EnvInfo)
+    ):
+        return result[0], result[1]
+    raise EnvError(f"reset() must return (str, EnvInfo), got {_shape(result)}")
+
+
+def _step_result(result: object) -> StepResult:
+    """``step``'s answer checked against the protocol: a StepResult (or its five values)."""
+    if isinstance(result, tuple) and len(result) == 5:
+        step = StepResult(*result)
+        if isinstance(step.observation, str) and isinstance(step.info, EnvInfo):
+            return StepResult(
+                step.observation,
+                float(step.reward),
+                bool(step.terminated),
+                bool(step.truncated),
+                step.info,
+            )
+    raise EnvError(
+        "step() must return a StepResult (observation: str, reward, terminated, truncated, "
+        f"info: EnvInfo), got {_shape(result)}"
+    )
+
+
+def _shape(value: object) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(type(v).__name__ for v in value) + ")"
+    return type(value).__name__
 
 
 def _action(output: str | PolicyOutput) -> tuple[str, bool]:

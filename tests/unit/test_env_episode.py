@@ -221,3 +221,35 @@ def test_an_episode_is_plain_json(env: GymnasiumTextEnv) -> None:
         "valid": False,
         "truncated_output": False,
     }
+
+
+def test_an_environment_breaking_the_protocol_is_an_environment_error(
+    say_cls: type[Any],
+) -> None:
+    """A plugin handing over a raw Gymnasium env (a dict info), not the typed protocol."""
+    raw = say_cls()
+
+    class Untyped:
+        def reset(self, seed: int, options: Any = None) -> Any:
+            return raw.reset(seed=seed)
+
+        def step(self, action: str) -> Any:
+            return raw.step(action)
+
+        def close(self) -> None:
+            raw.close()
+
+    episode = run_episode(Untyped(), 0, scripted(["apple"]), max_steps=1)
+    assert episode.reason is TerminationReason.ENV_ERROR and episode.steps == ()
+    assert episode.error == "EnvError: reset() must return (str, EnvInfo), got (str, dict)"
+
+    class HalfTyped(Untyped):
+        def reset(self, seed: int, options: Any = None) -> Any:
+            return GymnasiumTextEnv(raw).reset(seed)
+
+    episode = run_episode(HalfTyped(), 0, scripted(["apple"]), max_steps=1)
+    assert episode.reason is TerminationReason.ENV_ERROR
+    assert episode.error == (
+        "EnvError: step() must return a StepResult (observation: str, reward, terminated, "
+        "truncated, info: EnvInfo), got (str, float, bool, bool, dict)"
+    )
