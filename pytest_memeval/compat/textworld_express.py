@@ -13,7 +13,9 @@ a ``SystemError: AST constructor recursion depth mismatch`` in unrelated code la
 So closing goes through :func:`close_env`: when the JVM has exited, the client is marked
 disconnected (as py4j's own shutdown marks it) and the gateway closed on the Python side
 only; the env's ``close`` is made a no-op afterwards (its ``__del__`` then does nothing); and
-:func:`java_process` gives the caller the process to wait for.
+:func:`java_process` gives the caller the process to wait for. A shutdown the JVM never
+answered (it hung, and was killed) leaves the client marked connected: the caller marks it
+with :func:`mark_disconnected` once the process is gone.
 
 Checked on textworld-express 1.1.0 (the newest release) with py4j 0.10.9.9. Without the
 private attributes, :func:`java_process` returns ``None`` (no wait: the JVM exits on its own,
@@ -25,7 +27,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-__all__ = ["close_env", "java_process"]
+__all__ = ["close_env", "java_process", "mark_disconnected"]
 
 
 def java_process(env: object) -> subprocess.Popen[bytes] | None:
@@ -44,11 +46,7 @@ def close_env(env: Any) -> None:
     gateway = getattr(env, "_gateway", None)
     try:
         if process is not None and process.poll() is not None and gateway is not None:
-            client = getattr(gateway, "_gateway_client", None)
-            if client is not None:
-                # what py4j's own shutdown sets once the JVM is told: the finalizers of the
-                # Java objects' proxies then stop asking a gone JVM to release them
-                client.is_connected = False
+            mark_disconnected(env)
             gateway.close(keep_callback_server=True)  # public: the Python side only
             gateway.shutdown_callback_server()
         else:
@@ -56,6 +54,15 @@ def close_env(env: Any) -> None:
     finally:
         # an instance attribute wins over the class's method: __del__ calls self.close()
         env.close = _already_closed
+
+
+def mark_disconnected(env: object) -> None:
+    """Tell ``env``'s py4j client that its JVM is gone, as py4j's own successful shutdown does
+    (``_gateway._gateway_client.is_connected``): the finalizers of its proxies of Java objects
+    then stop trying to reach the JVM (and logging each failure with its traceback)."""
+    client = getattr(getattr(env, "_gateway", None), "_gateway_client", None)
+    if client is not None:
+        client.is_connected = False
 
 
 def _already_closed() -> None:

@@ -11,16 +11,22 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from pytest_memeval.compat import installed_version
-from pytest_memeval.compat.textworld_express import close_env, java_process
+from pytest_memeval.compat.textworld_express import (
+    close_env,
+    java_process,
+    mark_disconnected,
+)
 from pytest_memeval.env.protocol import EnvInfo, EnvSetupError, StepResult
 from pytest_memeval.env.spec import EnvSpec
 
 __all__ = [
     "BACKEND",
+    "DEFAULT_CLOSE_TIMEOUT_S",
     "DEFAULT_FOLD",
     "EXTRA_HINT",
     "FOLDS",
@@ -39,7 +45,7 @@ EXTRA_HINT = "pip install 'pytest-memeval[textworld]'"
 #: owns the step limit (``max_steps``), so the simulator's own is set out of reach
 _NO_STEP_LIMIT = 1_000_000
 #: seconds ``close`` waits for the JVM to exit after asking it to, before killing it
-_EXIT_WAIT_S = 10.0
+DEFAULT_CLOSE_TIMEOUT_S = 10.0
 #: the info fields kept in ``EnvInfo.extra`` (the rest have typed names or are repeats)
 _EXTRA_KEYS = ("numMoves", "scoreRaw", "inventory", "look", "lastActionStr")
 
@@ -75,8 +81,9 @@ class TextWorldExpress:
     sequence, then read by :meth:`gold_actions`.
     """
 
-    def __init__(self, spec: EnvSpec) -> None:
+    def __init__(self, spec: EnvSpec, *, close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> None:
         module = import_textworld_express()
+        self.close_timeout_s = close_timeout_s
         games = tuple(module.GAME_NAMES)
         if spec.game not in games:
             raise EnvSetupError(
@@ -146,25 +153,37 @@ class TextWorldExpress:
         }
 
     def close(self) -> None:
-        """Stop the JVM and wait for it to exit (kill it after a grace period); idempotent."""
+        """Stop the JVM and wait for it to exit; idempotent.
+
+        A JVM that does not exit within ``close_timeout_s`` is killed: one that hangs (the
+        reason an episode timed out) would not answer py4j's shutdown either, so the
+        shutdown runs in a daemon thread that is not waited for past that time.
+        """
         if self._closed:
             return
         self._closed = True
+        closer = threading.Thread(target=self._close_gateway, name="memeval-twx-close", daemon=True)
+        closer.start()
+        closer.join(self.close_timeout_s)
+        _reap(self._process, self.close_timeout_s)
+        # the JVM is gone now, whether its shutdown was answered or not
+        mark_disconnected(self._env)
+
+    def _close_gateway(self) -> None:
         # Closing a gateway whose JVM died may still raise; waiting for (or killing) the
-        # process below is what guarantees that none is left, so go on to it.
+        # process is what guarantees that none is left, and close() does that regardless.
         with contextlib.suppress(Exception):
             close_env(self._env)
-        _reap(self._process)
 
 
-def _reap(process: subprocess.Popen[bytes] | None) -> None:
+def _reap(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
     if process is None:
         return
     try:
-        process.wait(timeout=_EXIT_WAIT_S)
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
-        process.wait(timeout=_EXIT_WAIT_S)
+        process.wait(timeout=timeout)
 
 
 def _env_info(infos: Mapping[str, Any]) -> EnvInfo:

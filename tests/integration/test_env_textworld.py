@@ -162,6 +162,27 @@ def test_a_jvm_that_dies_mid_episode_is_an_environment_error() -> None:
     assert not is_running(pid) and pid not in java_children()
 
 
+def test_a_hung_jvm_is_a_timeout_error_and_close_kills_it() -> None:
+    """A real hang: the JVM stopped (SIGSTOP) under a step. The step times out, and close,
+    whose shutdown the stopped JVM cannot answer either, kills it after its grace period."""
+    require_textworld()
+    env = TextWorldExpress(twc_spec(), close_timeout_s=2)
+    assert env.pid is not None
+    pid = env.pid
+
+    def policy(messages: object) -> str:
+        os.kill(pid, signal.SIGSTOP)
+        return "look around"
+
+    try:
+        episode = run_episode(env, 0, policy, max_steps=3, step_timeout_s=1)
+    finally:
+        env.close()
+    assert episode.reason is TerminationReason.ENV_ERROR and episode.steps == ()
+    assert episode.error == "EnvError: the environment's step() did not return within 1 s"
+    assert not is_running(pid) and pid not in java_children()
+
+
 def test_parameters_the_game_refuses_are_a_setup_error_and_no_jvm_is_left() -> None:
     require_textworld()
     before = java_children()

@@ -381,6 +381,15 @@ def test_java_process_without_the_gateway_is_none() -> None:
     assert ctwx.java_process(object()) is None
 
 
+def test_mark_disconnected_without_the_client_does_nothing() -> None:
+    class Renamed:
+        gateway = object()
+
+    env = Renamed()
+    ctwx.mark_disconnected(env)
+    assert vars(env) == {}
+
+
 def test_close_env_without_the_gateway_falls_back_to_close_and_disarms_it() -> None:
     closed: list[str] = []
 
