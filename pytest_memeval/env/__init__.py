@@ -27,7 +27,7 @@ from pytest_memeval.env.protocol import (
     StepResult,
     TextEnv,
 )
-from pytest_memeval.env.registry import BUILTIN_BACKENDS, make_env
+from pytest_memeval.env.registry import BUILTIN_BACKENDS, describe_env, make_env
 from pytest_memeval.env.runner import EpisodeRunner
 from pytest_memeval.env.spec import EnvSpec, parse_env_spec, parse_seeds
 
@@ -48,6 +48,7 @@ __all__ = [
     "StepResult",
     "TerminationReason",
     "TextEnv",
+    "describe_env",
     "make_env",
     "parse_env_spec",
     "parse_seeds",

@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_memeval.compat import installed_version
 from pytest_memeval.env.protocol import EnvError, EnvInfo, EnvSetupError, StepResult
 from pytest_memeval.env.spec import EnvSpec
 
@@ -62,6 +63,10 @@ class GymnasiumTextEnv:
             bool(truncated),
             _env_info(info),
         )
+
+    def describe(self) -> dict[str, Any]:
+        """The backend and gymnasium's version, for a fingerprint."""
+        return {"backend": BACKEND, "version": installed_version("gymnasium")}
 
     def close(self) -> None:
         """``env.close()``."""

@@ -10,12 +10,13 @@ id). A plugin provides any other backend (or replaces a built-in one) by impleme
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from pytest_memeval.env import gym_adapter, textworld
 from pytest_memeval.env.protocol import EnvSetupError, TextEnv
 from pytest_memeval.env.spec import EnvSpec
 
-__all__ = ["BUILTIN_BACKENDS", "EnvFactory", "make_env"]
+__all__ = ["BUILTIN_BACKENDS", "EnvFactory", "describe_env", "make_env"]
 
 #: makes the environment of a spec (raises EnvSetupError when it cannot here)
 EnvFactory = Callable[[EnvSpec], TextEnv]
@@ -43,3 +44,14 @@ def make_env(spec: EnvSpec, plugin: Callable[[EnvSpec], TextEnv | None] | None =
             "pytest_memeval_make_env hook)"
         )
     return factory(spec)
+
+
+def describe_env(env: TextEnv, spec: EnvSpec) -> dict[str, Any]:
+    """What a run's fingerprint says of its environment: the spec (backend, game, parameters,
+    fold, seeds, limits), updated with the env's own ``describe()`` where it has one (the
+    built-in backends: their package's version, the fold they resolved)."""
+    described = spec.as_plain()
+    own = getattr(env, "describe", None)
+    if callable(own):
+        described.update(own())
+    return described

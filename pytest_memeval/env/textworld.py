@@ -143,14 +143,8 @@ class TextWorldExpress:
         return tuple(str(a) for a in self._env.getGoldActionSequence())
 
     def describe(self) -> dict[str, Any]:
-        """The backend, its version and the game, for a run's fingerprint."""
-        return {
-            "backend": BACKEND,
-            "version": self.version,
-            "game": self.spec.game,
-            "params": self.spec.params_text,
-            "fold": self.fold,
-        }
+        """The backend, its version and the fold it resolved, for a run's fingerprint."""
+        return {"backend": BACKEND, "version": self.version, "fold": self.fold}
 
     def close(self) -> None:
         """Stop the JVM and wait for it to exit; idempotent.

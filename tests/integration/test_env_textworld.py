@@ -19,6 +19,7 @@ from pytest_memeval.env import (
     EpisodeRunner,
     TerminationReason,
     TextEnv,
+    describe_env,
     make_env,
     run_episode,
 )
@@ -49,12 +50,15 @@ def _gold(env: TextWorldExpress, seed: int) -> tuple[str, ...]:
 def test_the_backend_is_a_text_env_with_a_running_jvm(twx: TextWorldExpress) -> None:
     assert isinstance(twx, TextEnv)
     assert twx.pid is not None and twx.pid in java_children() and is_running(twx.pid)
-    assert twx.describe() == {
-        "backend": "textworld_express",
-        "version": "1.1.0",
-        "game": "twc",
-        "params": "includeDoors=0,limitInventorySize=0,numItemsToPutAway=2,numLocations=1",
-        "fold": "test",
+    assert twx.describe() == {"backend": "textworld_express", "version": "1.1.0", "fold": "test"}
+    no_fold = twc_spec(fold=None)
+    described = describe_env(twx, no_fold)
+    assert described == {**no_fold.as_plain(), "version": "1.1.0", "fold": "test"}
+    assert described["params"] == {
+        "includeDoors": 0,
+        "limitInventorySize": 0,
+        "numItemsToPutAway": 2,
+        "numLocations": 1,
     }
 
 

@@ -15,12 +15,14 @@ import pluggy
 import pytest
 
 from pytest_memeval import hookspecs
+from pytest_memeval.compat import installed_version
 from pytest_memeval.env import (
     BUILTIN_BACKENDS,
     EnvSetupError,
     EnvSpec,
     TerminationReason,
     TextEnv,
+    describe_env,
     make_env,
     parse_env_spec,
     run_episode,
@@ -64,6 +66,15 @@ def test_a_registered_gymnasium_id_with_its_params_is_a_text_env(say_id: str) ->
     env.close()
     assert episode.reason is TerminationReason.ENV_TRUNCATED  # max_turns=2 reached gymnasium
     assert len(episode.steps) == 2
+
+
+def test_a_fingerprint_names_the_spec_and_the_backends_version(say_id: str) -> None:
+    spec = _gym_spec(say_id, max_turns=2)
+    env = make_env(spec)
+    env.close()
+    described = describe_env(env, spec)
+    assert described == {**spec.as_plain(), "version": installed_version("gymnasium")}
+    assert described["game"] == say_id and described["params"] == {"max_turns": 2}
 
 
 def test_a_gymnasium_env_without_text_is_refused(say_id: str) -> None:
