@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pytest_memeval.core.profiles import Profile
     from pytest_memeval.core.records import Metrics, Record
     from pytest_memeval.decode import Decoder
+    from pytest_memeval.env import EnvSpec, TextEnv
     from pytest_memeval.tools.finished import FinishedRun
 
 
@@ -48,6 +49,20 @@ def pytest_memeval_make_decoder(
     ``profile.tokenizer_dir``. Each rollout says its history (``Rollout.history``); a
     rollout of another history than the run's stops the scenario with an error naming both,
     so a decoder that knows only teacher-forcing cannot pass for a free-running one.
+    """
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_memeval_make_env(config: pytest.Config, spec: EnvSpec) -> TextEnv | None:
+    """Make the environment of a profile's ``env`` table (return ``None`` to let the next
+    one decide).
+
+    Return an object with the :class:`~pytest_memeval.env.TextEnv` protocol (``reset(seed,
+    options)``, ``step(action)``, ``close()``; docs/closed-loop.md) if ``spec.backend`` is
+    yours. Asked before the built-in backends (``textworld_express``, ``gymnasium``), so a
+    plugin can also replace one. Raise :class:`~pytest_memeval.env.EnvSetupError` for what
+    the user must install or fix: it is reported as one usage error. The caller owns the
+    environment it gets and closes it.
     """
 
 

@@ -29,6 +29,9 @@ installed version and the supported range. ``tox -e newest`` (and the ``newest``
   ``past_key_values`` before) and ``forward``'s optional arguments, behind typed results of a
   forward pass and of ``generate`` with its logits. transformers is imported inside the
   functions only (heavy: seconds).
+- :mod:`~pytest_memeval.compat.textworld_express`: the JVM process on
+  ``TextWorldExpressEnv._gateway.java_process``, so that closing an environment waits for its
+  JVM to exit (and ends it if it does not).
 """
 
 from __future__ import annotations

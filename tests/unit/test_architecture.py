@@ -37,7 +37,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_memeval"
 ROOT = PACKAGE.name
 
 #: lowest first; the package's top-level modules (plugin, hookspecs, public modules) sit above all
-LAYERS = ("compat", "core", "model", "decode", "runtime", "guards", "tools")
+LAYERS = ("compat", "env", "core", "model", "decode", "runtime", "guards", "tools")
 TOP = len(LAYERS)
 
 #: third-party packages a function may import lazily, and why (each loads slowly or is optional)
@@ -49,6 +49,8 @@ DEFERRABLE = {
     "gguf": "optional dependency (the gguf extra): only when a GGUF file is converted",
     "jinja2": "only when a page is rendered (the pytest-html hooks load on every start)",
     "mlflow": "optional dependency (pytest-memeval[mlflow]), and seconds to import",
+    "textworld_express": "optional dependency (pytest-memeval[textworld]): when its env is made",
+    "gymnasium": "optional dependency (pytest-memeval[gymnasium]): when a Gymnasium env is made",
 }
 
 #: packages whose internals are reached only through compat/, with their public modules

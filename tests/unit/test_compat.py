@@ -26,6 +26,7 @@ from xdist.scheduler import LoadScopeScheduling
 from pytest_memeval.compat import installed_version
 from pytest_memeval.compat import pytest as cpytest
 from pytest_memeval.compat import syrupy as csyrupy
+from pytest_memeval.compat import textworld_express as ctwx
 from pytest_memeval.compat import transformers as ctransformers
 from pytest_memeval.compat import xdist as cxdist
 from pytest_memeval.guards.snapshot import ByteSnapshot, RecordSnapshot
@@ -365,3 +366,38 @@ def test_full_attention_kv_without_dynamic_layer_is_none(monkeypatch: pytest.Mon
     cache = ctransformers.dynamic_cache([_kv(1, 4)])
     monkeypatch.delattr(transformers.cache_utils, "DynamicLayer")  # transformers < 4.54
     assert ctransformers.full_attention_kv(cache) is None
+
+
+# --------------------------------------------------------------------------- textworld_express
+# The real env (a JVM): tests/integration/test_env_textworld.py; here, an env without the
+# private attributes, as a textworld-express release that renamed them would give.
+
+
+def test_java_process_without_the_gateway_is_none() -> None:
+    class Renamed:
+        gateway = object()
+
+    assert ctwx.java_process(Renamed()) is None
+    assert ctwx.java_process(object()) is None
+
+
+def test_mark_disconnected_without_the_client_does_nothing() -> None:
+    class Renamed:
+        gateway = object()
+
+    env = Renamed()
+    ctwx.mark_disconnected(env)
+    assert vars(env) == {}
+
+
+def test_close_env_without_the_gateway_falls_back_to_close_and_disarms_it() -> None:
+    closed: list[str] = []
+
+    class Renamed:
+        def close(self) -> None:
+            closed.append("close")
+
+    env = Renamed()
+    ctwx.close_env(env)
+    env.close()  # what its __del__ would call: now nothing
+    assert closed == ["close"]
