@@ -185,7 +185,15 @@ _WORKER_MARK = pytest.StashKey[dict[str, str]]()
 # The integration modules that take longest (measured on the 2-core CI machine, 2026-12-02:
 # together a third of the suite). Under ``-n`` they are handed out first, so that no worker is
 # left running one of them alone at the end.
-LONGEST_FIRST = ("test_real_model", "test_families", "test_habits", "test_options")
+LONGEST_FIRST = (
+    "test_real_model",
+    "test_worker_faults",
+    "test_families",
+    "test_gpu_check",
+    "test_habits",
+    "test_readme_recipe",
+    "test_options",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
