@@ -43,6 +43,7 @@ __all__ = [
     "StartupWatch",
     "describe_load_failure",
     "evaluates_nothing",
+    "nothing_selected",
     "parse_worker_error",
 ]
 
@@ -170,6 +171,8 @@ class EarlyLoad:
             return
         if any(scenario_param(item) is not None for item in session.items):
             self._load()
+        elif self.state.collected_eval and not _selection_kept_elsewhere(self.config):
+            self._fail(USAGE, nothing_selected(self.state.profile.name, self.state.collected_eval))
 
     def _load(self) -> None:
         try:
@@ -188,6 +191,9 @@ class EarlyLoad:
         status, message = describe_load_failure(
             exc, where=where, what=what, device=self.worker.device_label
         )
+        self._fail(status, message)
+
+    def _fail(self, status: int, message: str) -> NoReturn:
         self.state.startup_failure = message
         if is_worker(self.config):
             # The worker's session ends with this usage error and sends its workeroutput;
@@ -199,6 +205,22 @@ class EarlyLoad:
         if status == USAGE:
             raise pytest.UsageError(message)
         pytest.exit(message, returncode=INTERNAL)
+
+
+def nothing_selected(ckpt: str, collected: int) -> str:
+    """The one line of a run whose eval items were all deselected (``-k``, ``-m``,
+    ``--deselect``, a plugin's selection): it evaluates nothing and writes nothing."""
+    return (
+        f"pytest-memeval: --ckpt {ckpt}: all {collected} eval items were deselected "
+        "(-k, -m or --deselect); nothing was evaluated and no run directory was written."
+    )
+
+
+def _selection_kept_elsewhere(config: pytest.Config) -> bool:
+    """Whether an empty selection of eval items is what was asked for: ``--lf`` and
+    ``--sw`` rerun only earlier failures, and ``--memeval-resume`` only the scenarios its
+    journal lacks (the controller reports a journal that already has them all)."""
+    return any(config.getoption(name, False) for name in ("lf", "stepwise", "memeval_resume"))
 
 
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?:: (.*))?$")
