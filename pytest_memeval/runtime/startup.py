@@ -20,6 +20,11 @@ broken weight file) fails every item with the same traceback. Here:
   worker (xdist restarts one that crashed mid-run) that fails the same way stops the run
   too; the scenarios evaluated before stay in the run's journal, and the message says where
   and to continue with ``--memeval-resume``.
+
+The same stop ends a ``--ckpt`` run that collected eval items but selected none (every one
+deselected by ``-k``, ``-m`` or ``--deselect``): one line (:func:`nothing_selected`), exit
+status 4, no model loaded, no run directory named or written. ``--lf``, ``--sw`` and
+``--memeval-resume`` are exempt: an empty selection is what they ask for there.
 """
 
 from __future__ import annotations

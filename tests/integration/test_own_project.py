@@ -127,7 +127,9 @@ def test_a_project_that_imports_the_items_keeps_exactly_its_own(
     assert sorted(ids) == sorted([*provided, "test_other.py::test_other"])
 
 
-def test_a_named_path_without_eval_items_runs_what_it_names(pytester: pytest.Pytester) -> None:
+def test_a_named_path_without_eval_items_runs_what_it_names(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = _project(pytester)
     (root / "test_other.py").write_text("def test_other():\n    pass\n", "utf-8")
     result = pytester.runpytest_subprocess("--ckpt", "mine", "test_other.py")
@@ -135,6 +137,15 @@ def test_a_named_path_without_eval_items_runs_what_it_names(pytester: pytest.Pyt
     result.assert_outcomes(passed=1)
     assert "memeval: run directory" not in result.stdout.str()
     assert not (root / "runs").exists()
+    # The project's root named as a relative path ("." here, ".." from a folder
+    # inside it) is the whole project: the plugin's items are there.
+    (root / "sub").mkdir()
+    for where, path in ((root, "."), (root / "sub", "..")):
+        monkeypatch.chdir(where)
+        listed = pytester.runpytest_subprocess("--ckpt", "mine", "--co", "-q", path)
+        ids = [line for line in listed.stdout.lines if "::" in line]
+        provided = [f"memeval::{f}[{sid}]" for sid in _ids() for f in FUNCS]
+        assert sorted(ids) == sorted([*provided, "test_other.py::test_other"]), path
 
 
 @pytest.mark.parametrize("xdist", [pytest.param([], id="no-xdist"), pytest.param(["-n", "2"])])
