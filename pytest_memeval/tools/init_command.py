@@ -88,25 +88,35 @@ class Checked:
 def cli_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``init`` subcommand's arguments to ``parser``."""
     parser.add_argument(
-        "--name", required=True, help="profile name: pytest --ckpt NAME ([tool.memeval.ckpt.NAME])"
+        "--name",
+        required=True,
+        metavar="NAME",
+        help="profile name: pytest --ckpt NAME ([tool.memeval.ckpt.NAME])",
     )
     parser.add_argument(
         "--model",
         required=True,
         type=Path,
+        metavar="DIR|FILE.gguf",
         help="base model: a transformers directory (safetensors) or a .gguf file",
     )
-    parser.add_argument("--adapter", type=Path, default=None, help="PEFT adapter directory")
-    parser.add_argument("--benchmark", required=True, type=Path, help="benchmark JSONL file")
+    parser.add_argument(
+        "--adapter", type=Path, default=None, metavar="DIR", help="PEFT adapter directory"
+    )
+    parser.add_argument(
+        "--benchmark", required=True, type=Path, metavar="FILE", help="benchmark JSONL file"
+    )
     parser.add_argument(
         "--project",
         type=Path,
+        metavar="DIR",
         default=Path(),
         help="project directory whose pyproject.toml gets the profile (default: here)",
     )
     parser.add_argument(
         "--max-new-tokens",
         type=int,
+        metavar="N",
         default=None,
         help=f"generation.max_new_tokens of the profile (default {DEFAULT_MAX_NEW_TOKENS}, "
         "left out of the profile)",
