@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_memeval import hookspecs
+from pytest_memeval import evaluation, hookspecs
+from pytest_memeval.compat.pytest import collect_module_object
 from pytest_memeval.core.benchmark import BenchmarkError
 from pytest_memeval.core.builders import build_bundled
 from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_history
@@ -28,8 +29,8 @@ from pytest_memeval.model.checks import CheckpointError
 from pytest_memeval.model.loading import load_model
 from pytest_memeval.model.preflight import PreflightError
 from pytest_memeval.runtime.cmdline import check_worker_setup, setup_note
-from pytest_memeval.runtime.controller import MemevalController
-from pytest_memeval.runtime.eval_items import scenario_param
+from pytest_memeval.runtime.controller import MemevalController, run_dir_line
+from pytest_memeval.runtime.eval_items import PROVIDED, eval_item_count, scenario_param
 
 # The fixtures live in one module so a reader finds them by name; importing them here
 # registers them with this plugin.
@@ -314,8 +315,42 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         lines.append(f"memeval: overridden on the command line: {overridden}")
     if state.shard is not None:
         lines.append(describe_shard(state.benchmark.ids, state.shard))
-    lines.append(f"memeval: run directory {state.run_dir}")
+    # The run directory is named once collection has selected eval items (run_dir_line):
+    # a session that evaluates nothing never names one.
     return lines
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Provide the eval items where no collected module does (runtime/eval_items.py).
+
+    tryfirst: before -k, -m, --deselect, --lf and the plugin's own ordering and selection,
+    so they apply to these items as to imported ones. Every process decides alike (xdist
+    compares the workers' collections): the same collected modules, and the controller's
+    ``provide_items``.
+    """
+    state = config.stash.get(STATE_KEY, None)
+    if state is None:
+        return
+    found = eval_item_count(items)
+    if not found and state.provide_items:
+        provided = collect_module_object(session, evaluation, name=PROVIDED, path=config.rootpath)
+        items.extend(provided)
+        found = eval_item_count(provided)
+    state.collected_eval = found
+
+
+def pytest_report_collectionfinish(
+    config: pytest.Config, items: list[pytest.Item]
+) -> list[str] | None:
+    """Without xdist: where the run goes, once eval items are selected (the controller
+    says it under xdist, when the workers report their collection)."""
+    state = config.stash.get(STATE_KEY, None)
+    if state is None or not eval_item_count(items):
+        return None
+    return [run_dir_line(state.run_dir)]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import pytest
@@ -24,6 +25,7 @@ __all__ = [
     "CONFIG_INTERNALS",
     "JunitFile",
     "Setup",
+    "collect_module_object",
     "determine_setup",
     "drop_report_record",
     "junit_file",
@@ -129,6 +131,24 @@ def line_in_progress(reporter: Any) -> bool:
     # it). Checked on pytest 9.0.3 and 9.2.0.
     writer = getattr(reporter, "_tw", None)
     return bool(getattr(writer, "width_of_current_line", 0))
+
+
+def collect_module_object(
+    session: pytest.Session, module: ModuleType, *, name: str, path: Path
+) -> list[pytest.Item]:
+    """Collect an already imported module's test functions as if pytest had found its file:
+    a :class:`pytest.Module` named ``name`` (its node id too) at ``path`` (whose directory's
+    conftest.py files apply to the items), parametrized by ``pytest_generate_tests``, each
+    item announced by ``pytest_itemcollected`` and the module by ``pytest_collectreport``
+    (the terminal counts the items as collected)."""
+    collector = pytest.Module.from_parent(session, path=path, name=name, nodeid=name)
+    # The module object is set, not imported from ``path``: importing the plugin's own file
+    # by path would put its folder on sys.path (the prepend import mode).
+    collector.obj = module
+    # undocumented: Session.genitems, the step of Session.perform_collect that expands a
+    # collector into items (collect report, parametrization, pytest_itemcollected). Checked
+    # on pytest 9.0.3 and 9.2.0.
+    return list(session.genitems(collector))
 
 
 # -- the scenario record on a test report ------------------------------------------------------

@@ -47,6 +47,7 @@ __all__ = [
     "apply_overrides",
     "load_profiles",
     "memeval_table",
+    "parse_toml",
     "profile_from_plain",
     "profile_to_plain",
     "read_toml",
@@ -139,10 +140,16 @@ def read_toml(path: Path) -> dict[str, Any]:
     """
     if not path.is_file():
         return {}
+    return parse_toml(path.read_text(encoding="utf-8"), path)
+
+
+def parse_toml(text: str, source: Path) -> dict[str, Any]:
+    """TOML text (of ``source``, named in the error) as a dict; :class:`ProfileError` if it
+    is not valid TOML."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{path}: invalid TOML ({exc})") from None
+        raise ProfileError(f"{source}: invalid TOML ({exc})") from None
 
 
 def memeval_table(path: Path, key: str) -> dict[str, Any]:

@@ -45,9 +45,11 @@ __all__ = [
     "GGUF_EXTRA",
     "PROVENANCE",
     "GgufConversion",
+    "GgufHeader",
     "convert_gguf",
     "is_gguf",
     "prepare_profile",
+    "read_gguf_header",
 ]
 
 #: What to install for GGUF support (pyproject's ``gguf`` extra).
@@ -132,6 +134,44 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
             f"({type(exc).__name__}: {_first_line(exc)})"
         ) from None
     return model, tokenizer
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """What a GGUF file's metadata says, read without its tensors."""
+
+    #: the tokenizer (with its chat template) transformers builds from the metadata
+    tokenizer: Any
+    #: ``max_position_embeddings`` of the config transformers builds, ``None`` if unset
+    positions: int | None
+
+
+def read_gguf_header(path: Path) -> GgufHeader:
+    """The tokenizer and the context length of a GGUF file, from its metadata alone (no
+    tensor is read or dequantized: ``memeval init`` checks a file this way)."""
+    if not path.is_file():
+        raise CheckpointError(f"GGUF file not found: {path}")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise CheckpointError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
+    _require_gguf_package(path)
+    # Deferred: transformers takes seconds to import.
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    where = {"gguf_file": path.name, "trust_remote_code": False, "local_files_only": True}
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **where)
+            config = AutoConfig.from_pretrained(str(path.parent), **where)
+    except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"{path}: transformers {transformers.__version__} cannot read this GGUF file's "
+            f"metadata ({type(exc).__name__}: {_first_line(exc)})"
+        ) from None
+    positions = getattr(config, "max_position_embeddings", None)
+    return GgufHeader(tokenizer, positions if isinstance(positions, int) else None)
 
 
 def _plain_copy(gguf_model: Any) -> Any:

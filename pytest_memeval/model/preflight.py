@@ -85,6 +85,8 @@ class PreflightResult:
 
     limit: ContextLimit | None
     overlong: list[Overlong] = field(default_factory=list)
+    #: the longest model input of each scenario checked, in tokens (id -> tokens)
+    lengths: dict[str, int] = field(default_factory=dict)
 
     def overlong_records(self) -> dict[str, dict[str, int]]:
         """``{id: {"tokens": n, "limit": limit}}``: what each over-long record carries."""
@@ -216,13 +218,15 @@ def preflight(
     allow_overlong: bool,
     tokenizer: Any = None,
     tokenizer_dir: Path | None = None,
+    limit: ContextLimit | None = None,
 ) -> PreflightResult:
     """Check ``scenarios`` against the model's chat template and context length.
 
     The tokenizer is ``tokenizer`` if given, else loaded from ``tokenizer_dir`` (a profile's
-    ``tokenizer`` key) or ``model_dir``. Raises :class:`PreflightError` (one message) on
-    template errors, and on over-long scenarios unless ``allow_overlong``; otherwise returns
-    what it found.
+    ``tokenizer`` key) or ``model_dir``; the context is ``limit`` if given (a GGUF file's
+    metadata), else read from ``model_dir`` and the tokenizer (:func:`context_limit`).
+    Raises :class:`PreflightError` (one message) on template errors, and on over-long
+    scenarios unless ``allow_overlong``; otherwise returns what it found.
     """
     tok = tokenizer
     if tok is None:
@@ -237,8 +241,8 @@ def preflight(
     errors, lengths = scan_scenarios(tok, scenarios, max_new_tokens)
     if errors:
         raise PreflightError(_template_message(tokenizer_dir or model_dir, scenarios, errors))
-    limit = context_limit(model_dir, tok)
-    result = PreflightResult(limit)
+    limit = limit or context_limit(model_dir, tok)
+    result = PreflightResult(limit, lengths=lengths)
     if limit is not None:
         result.overlong = [
             Overlong(s.id, lengths[s.id]) for s in scenarios if lengths[s.id] > limit.tokens

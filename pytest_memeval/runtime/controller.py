@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import pytest
 
-from pytest_memeval.compat.pytest import drop_report_record, report_record
+from pytest_memeval.compat.pytest import drop_report_record, line_in_progress, report_record
 from pytest_memeval.compat.xdist import is_xdist_controller, scheduler_has_pending
 from pytest_memeval.core.formatting import columns, per_second, score_text, shown_ids
 from pytest_memeval.core.free_running import (
@@ -73,7 +73,14 @@ from pytest_memeval.runtime.stall import StallWatch, stall_timeout_from
 from pytest_memeval.runtime.startup import evaluates_nothing
 from pytest_memeval.runtime.state import MemevalState
 
-__all__ = ["MemevalController"]
+__all__ = ["MemevalController", "run_dir_line"]
+
+
+def run_dir_line(run_dir: Path) -> str:
+    """Where the run goes: said once collection has selected eval items (plugin.py without
+    xdist, :meth:`MemevalController.note_collected` with it), never by a session that
+    evaluates nothing."""
+    return f"memeval: run directory {run_dir}"
 
 
 class MemevalController:
@@ -85,6 +92,8 @@ class MemevalController:
         self.run_dir = state.run_dir
         self.offsets: dict[str, int] = {}
         self.selected: set[str] | None = None
+        #: whether the run directory was named (under xdist, at the first worker's collection)
+        self.announced = False
         self.metrics: Metrics | None = None
         self.problems: list[str] = []
         self.notes: list[str] = []
@@ -162,6 +171,18 @@ class MemevalController:
         if found:
             # Before xdist schedules any item: every worker reports its collection first.
             self._lock_run_dir()
+            if not self.announced:
+                self.announced = True
+                self._say(run_dir_line(self.run_dir))
+
+    def _say(self, line: str) -> None:
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        # xdist's status line leaves the cursor mid-line: start a line of our own.
+        if line_in_progress(tr):  # compat.pytest
+            tr.write("\n")
+        tr.write_line(line)
 
     def _lock_run_dir(self) -> None:
         if self.lock is None:
@@ -577,6 +598,7 @@ class _XdistSelection:
         wi["memeval_cache_dir"] = str(state.cache_dir) if state.cache_dir else ""
         wi["memeval_run_id"] = state.run_id
         wi["memeval_recalibrate"] = state.recalibrate
+        wi["memeval_provide_items"] = state.provide_items
         spec = getattr(getattr(node, "gateway", None), "spec", None)
         if spec is not None and getattr(spec, "popen", False) and not getattr(spec, "chdir", None):
             # Same machine, same working directory: the worker must end up with our setup.

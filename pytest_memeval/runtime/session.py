@@ -49,6 +49,7 @@ from pytest_memeval.model.checks import (
 )
 from pytest_memeval.model.gguf import GgufConversion, prepare_profile
 from pytest_memeval.model.preflight import OverlongReport, preflight
+from pytest_memeval.runtime.eval_items import covers_project
 from pytest_memeval.runtime.state import MemevalState, workerinput
 
 __all__ = [
@@ -289,6 +290,11 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         cache_dir=cache,
         run_id=run_id,
         recalibrate=bool(recalibrate),
+        provide_items=(
+            bool(wi.get("memeval_provide_items", False))
+            if wi is not None
+            else covers_project(config)
+        ),
     )
 
 

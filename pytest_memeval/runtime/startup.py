@@ -20,6 +20,11 @@ broken weight file) fails every item with the same traceback. Here:
   worker (xdist restarts one that crashed mid-run) that fails the same way stops the run
   too; the scenarios evaluated before stay in the run's journal, and the message says where
   and to continue with ``--memeval-resume``.
+
+The same stop ends a ``--ckpt`` run that collected eval items but selected none (every one
+deselected by ``-k``, ``-m`` or ``--deselect``): one line (:func:`nothing_selected`), exit
+status 4, no model loaded, no run directory named or written. ``--lf``, ``--sw`` and
+``--memeval-resume`` are exempt: an empty selection is what they ask for there.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ __all__ = [
     "StartupWatch",
     "describe_load_failure",
     "evaluates_nothing",
+    "nothing_selected",
     "parse_worker_error",
 ]
 
@@ -170,6 +176,8 @@ class EarlyLoad:
             return
         if any(scenario_param(item) is not None for item in session.items):
             self._load()
+        elif self.state.collected_eval and not _selection_kept_elsewhere(self.config):
+            self._fail(USAGE, nothing_selected(self.state.profile.name, self.state.collected_eval))
 
     def _load(self) -> None:
         try:
@@ -188,6 +196,9 @@ class EarlyLoad:
         status, message = describe_load_failure(
             exc, where=where, what=what, device=self.worker.device_label
         )
+        self._fail(status, message)
+
+    def _fail(self, status: int, message: str) -> NoReturn:
         self.state.startup_failure = message
         if is_worker(self.config):
             # The worker's session ends with this usage error and sends its workeroutput;
@@ -199,6 +210,22 @@ class EarlyLoad:
         if status == USAGE:
             raise pytest.UsageError(message)
         pytest.exit(message, returncode=INTERNAL)
+
+
+def nothing_selected(ckpt: str, collected: int) -> str:
+    """The one line of a run whose eval items were all deselected (``-k``, ``-m``,
+    ``--deselect``, a plugin's selection): it evaluates nothing and writes nothing."""
+    return (
+        f"pytest-memeval: --ckpt {ckpt}: all {collected} eval items were deselected "
+        "(-k, -m or --deselect); nothing was evaluated and no run directory was written."
+    )
+
+
+def _selection_kept_elsewhere(config: pytest.Config) -> bool:
+    """Whether an empty selection of eval items is what was asked for: ``--lf`` and
+    ``--sw`` rerun only earlier failures, and ``--memeval-resume`` only the scenarios its
+    journal lacks (the controller reports a journal that already has them all)."""
+    return any(config.getoption(name, False) for name in ("lf", "stepwise", "memeval_resume"))
 
 
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?:: (.*))?$")

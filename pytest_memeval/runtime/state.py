@@ -62,6 +62,9 @@ class MemevalWorkerInput(TypedDict, total=False):
     memeval_fingerprints: dict[str, str | None]
     memeval_run_id: str
     memeval_recalibrate: bool
+    #: whether the plugin provides the eval items where no collected module does (decided
+    #: once on the controller: every worker must collect the same items)
+    memeval_provide_items: bool
     #: set by xdist itself: the controller's sys.argv (the user's own command line)
     mainargv: list[str]
 
@@ -116,6 +119,11 @@ class MemevalState:
     run_id: str = ""
     #: --memeval-recalibrate / memeval_recalibrate: measure the calibration again (once per run)
     recalibrate: bool = False
+    #: whether the plugin provides the eval items where no collected module does
+    #: (runtime/eval_items.py's covers_project, the controller's decision on a worker)
+    provide_items: bool = False
+    #: eval items this process collected, before -k, -m or --deselect (plugin.py)
+    collected_eval: int = 0
 
     @cached_property
     def scenarios(self) -> dict[str, Scenario]:

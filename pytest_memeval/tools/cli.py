@@ -17,6 +17,10 @@ __all__ = ["COMMANDS", "main"]
 
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "init": (
+        "pytest_memeval.tools.init_command",
+        "check a model and a benchmark (no weights loaded) and add their profile to pyproject.toml",
+    ),
     "recount": (
         "pytest_memeval.tools.recount_command",
         "check metrics.json against predictions.jsonl",

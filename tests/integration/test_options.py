@@ -28,7 +28,11 @@ from pytest_memeval.core.profiles import (
 from pytest_memeval.model.checks import fingerprint_dir
 from pytest_memeval.runtime.cmdline import SETUP_NOTE_KEY
 from pytest_memeval.runtime.session import run_dir_name
-from pytest_memeval.runtime.startup import describe_load_failure, parse_worker_error
+from pytest_memeval.runtime.startup import (
+    describe_load_failure,
+    nothing_selected,
+    parse_worker_error,
+)
 
 from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject
 
@@ -207,14 +211,20 @@ def test_gpus_on_cpu_torch_stops_once(
 @pytest.mark.slow
 @pytest.mark.skipif(_cuda_builtin(), reason="needs a torch build without CUDA")
 def test_no_model_load_when_no_eval_item_is_selected(memeval_project: MemevalProject) -> None:
-    """The model is loaded once eval items are selected; -k picking none loads nothing."""
+    """The model is loaded once eval items are selected: a path without eval items runs
+    what it names; -k deselecting every eval item stops with that one line, loading nothing
+    (this torch has no CUDA: a load on GPUs 0,1 would fail)."""
     memeval_project.write(n=N)
     memeval_project.pytester.makepyfile(test_other="def test_other():\n    pass\n")
-    result = memeval_project.run(
-        "-n", "2", "--ckpt", "demo", "--memeval-gpus", "0,1", "-k", "test_other"
-    )
+    gpus = ("-n", "2", "--ckpt", "demo", "--memeval-gpus", "0,1")
+    result = memeval_project.run(*gpus, "test_other.py")
     assert result.ret == 0, result.stdout.str()[-3000:] + result.stderr.str()
     result.stdout.fnmatch_lines(["*1 passed*"])
+    result = memeval_project.run(*gpus, "-k", "test_other")
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-3000:]
+    assert text.count(nothing_selected("demo", 2 * N)) == 1, text[-3000:]
+    assert "no CUDA support" not in text and "Torch not compiled" not in text
 
 
 @pytest.mark.slow
