@@ -30,7 +30,7 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 #: Documented ahead of the code that lands them in parallel work; absent from the code they
 #: are not stale, and once present they are checked like every other name.
-PENDING_COMMANDS = {"init"}
+PENDING_COMMANDS: set[str] = set()
 PENDING_HOOKS: set[str] = set()
 
 _OPTION_LINE = re.compile(r"^ {2}(--memeval-[a-z0-9-]+|--ckpt)\b", re.MULTILINE)
