@@ -104,9 +104,10 @@ def _scenario(item):
     return callspec.params.get("memeval_scenario") if callspec else None
 
 
-def pytest_collection_finish(session):
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
     if FAULT == "collect" and WORKER == "gw0":
-        _die("collect")
+        _die("collect")  # before the worker reports its collection
 
 
 def pytest_runtest_setup(item):

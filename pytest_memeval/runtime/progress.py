@@ -31,7 +31,13 @@ import pytest
 from pytest_memeval.compat.pytest import line_in_progress
 from pytest_memeval.core.formatting import per_second, percent
 
-__all__ = ["DEFAULT_INTERVAL_S", "Progress", "format_duration", "interval_from"]
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "Progress",
+    "format_duration",
+    "interval_from",
+    "seconds_setting",
+]
 
 DEFAULT_INTERVAL_S = 30.0
 
@@ -53,12 +59,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def interval_from(config: pytest.Config) -> float:
-    """The progress interval in seconds (0: off); a bad value is a usage error."""
-    raw = config.getoption("memeval_progress", None)
-    source = "--memeval-progress"
+def seconds_setting(config: pytest.Config, dest: str, flag: str, ini: str) -> float:
+    """A duration in seconds (>= 0, 0 meaning off) from option ``flag`` (stored as ``dest``),
+    else from ini key ``ini``; a bad value is a usage error naming where it came from."""
+    raw = config.getoption(dest, None)
+    source = flag
     if raw is None:
-        raw, source = config.getini("memeval_progress"), "memeval_progress (ini)"
+        raw, source = config.getini(ini), f"{ini} (ini)"
     try:
         value = float(raw)
     except (TypeError, ValueError):
@@ -66,6 +73,11 @@ def interval_from(config: pytest.Config) -> float:
     if not math.isfinite(value) or value < 0:
         raise pytest.UsageError(f"{source}: expected seconds >= 0, got {raw!r}")
     return value
+
+
+def interval_from(config: pytest.Config) -> float:
+    """The progress interval in seconds (0: off); a bad value is a usage error."""
+    return seconds_setting(config, "memeval_progress", "--memeval-progress", "memeval_progress")
 
 
 def format_duration(seconds: float) -> str:

@@ -27,7 +27,6 @@ PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 
 from __future__ import annotations
 
-import math
 import signal
 import threading
 import time
@@ -37,6 +36,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.formatting import shown_ids
+from pytest_memeval.runtime.progress import seconds_setting
 
 __all__ = ["DEFAULT_STALL_TIMEOUT_S", "StallWatch", "describe_stall", "stall_timeout_from"]
 
@@ -66,17 +66,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def stall_timeout_from(config: pytest.Config) -> float:
     """The stall timeout in seconds (0: off); a bad value is a usage error."""
-    raw = config.getoption("memeval_stall_timeout", None)
-    source = "--memeval-stall-timeout"
-    if raw is None:
-        raw, source = config.getini("memeval_stall_timeout"), "memeval_stall_timeout (ini)"
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise pytest.UsageError(f"{source}: expected seconds (a number), got {raw!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise pytest.UsageError(f"{source}: expected seconds >= 0, got {raw!r}")
-    return value
+    return seconds_setting(
+        config, "memeval_stall_timeout", "--memeval-stall-timeout", "memeval_stall_timeout"
+    )
 
 
 def _worker_id(node: Any) -> str:
