@@ -89,9 +89,13 @@ def assert_unlocked(project: MemevalProject) -> None:
 
 def outputs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What the model produced and how it scored: the records less where and how they ran
-    (placement; each turn's ``generated``, all true on the reference path)."""
+    (placement; the decode path, and each turn's ``generated``, all true on the reference
+    path)."""
     return [
-        {**r, "turns": [{k: v for k, v in t.items() if k != "generated"} for t in r["turns"]]}
+        {
+            **{k: v for k, v in r.items() if k != "decode"},
+            "turns": [{k: v for k, v in t.items() if k != "generated"} for t in r["turns"]],
+        }
         for r in content(records)
     ]
 
