@@ -17,7 +17,7 @@ from pytest_memeval.core.metrics import Tally
 from pytest_memeval.core.recount import RecountError, recount_run
 from pytest_memeval.core.runlayout import new_subset_dir
 from pytest_memeval.core.runlock import RunLock
-from pytest_memeval.runtime.controller import format_summary
+from pytest_memeval.runtime.summary import format_summary
 from pytest_memeval.tools import merge as merge_module
 from pytest_memeval.tools.cli import main
 
