@@ -129,6 +129,7 @@ class StallWatch:
         self.fired: str | None = None
         self._running: set[str] = set()  # without xdist: the item this process runs
         self._starting: dict[str, None] = {}  # workers up and not done collecting, in order
+        self._previous: Any = signal.SIG_DFL  # SIGINT's handler before the loop
         self._done = threading.Event()
 
     # -- events: anything a worker says ---------------------------------------------------
@@ -183,6 +184,13 @@ class StallWatch:
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
         if self.timeout <= 0:
             return (yield)
+        try:
+            # Our own SIGINT handler for the loop: a process started in the background by a
+            # non-interactive shell (a CI job's `cmd &`) inherits SIGINT ignored, and Python
+            # then installs no handler; the watch's signal would do nothing.
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread (pytest embedded): no watch
+            return (yield)
         self.touch()
         thread = threading.Thread(target=self._watch, name="memeval-stall-watch", daemon=True)
         thread.start()
@@ -195,6 +203,19 @@ class StallWatch:
         finally:
             self._done.set()
             thread.join(timeout=5)
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        """The watch fired: a KeyboardInterrupt in the main thread, which the loop's wrapper
+        turns into the stall message. Otherwise a real Ctrl-C, handled as it was before the
+        loop: by the handler that was there, ignored if SIGINT was ignored."""
+        if self.fired is not None:
+            raise KeyboardInterrupt
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
 
     def _watch(self) -> None:
         while not self._done.wait(timeout=min(1.0, self.timeout)):
