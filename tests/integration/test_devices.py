@@ -250,7 +250,9 @@ def test_outer_cuda_visible_devices_is_split_among_workers(
     write_jsonl(memeval_project.path / "preds.jsonl", replay_source(demo_records("oracle", 2)))
     memeval_project.pytester.makeconftest(RECORD_ENV)
     memeval_project.pytester.makepyfile(test_env="def test_env():\n    pass\n")
-    result = memeval_project.run("--ckpt", "fixed", "-n", "2", "-k", "test_env")
+    # Named by path: the run evaluates nothing (naming only other tests is how; deselecting
+    # every eval item with -k is refused), yet binding is on.
+    result = memeval_project.run("--ckpt", "fixed", "-n", "2", "test_env.py")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.stdout.fnmatch_lines(
         [

@@ -100,5 +100,7 @@ def test_no_run_written_no_call(memeval_project: MemevalProject) -> None:
     write_crafted(memeval_project, recs)
     (memeval_project.path / "conftest.py").write_text(TEAM_PLUGIN, "utf-8")
     result = memeval_project.run("--ckpt", "crafted", "-k", "no_such_item")
-    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    # Every eval item deselected: one line, exit 4, nothing written (own-project.md).
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*all 4 eval items were deselected*"])
     assert not (memeval_project.path / "finished.jsonl").exists()
