@@ -182,7 +182,7 @@ XDIST_WORKER_ENVIRONMENT = (
 )
 _WORKER_MARK = pytest.StashKey[dict[str, str]]()
 
-# The integration modules that take longest (measured on the 2-core CI machine, 2026-12-02:
+# The integration modules that take longest (measured on the 2-core CI machine:
 # together a third of the suite). Under ``-n`` they are handed out first, so that no worker is
 # left running one of them alone at the end.
 LONGEST_FIRST = (

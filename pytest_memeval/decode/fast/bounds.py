@@ -67,7 +67,7 @@ MANTISSA_BITS: dict[str, int] = {"float32": 23, "float64": 52, "float16": 10, "b
 
 #: The per-logit disagreement (in ulps of that logit) assumed possible in 16-bit even where a
 #: calibration saw none, by kind of decision (:data:`KINDS`). Measured on the demo in
-#: bfloat16 on CPU (2026-12-01, 620 positions): the teacher-forced pass and ``generate``'s
+#: bfloat16 on CPU (620 positions, compared one by one): the teacher-forced pass and ``generate``'s
 #: prefill agreed bit for bit at every prompt's last position; cached steps differed by up to
 #: one ulp at about 2% of positions, which a small calibration sample can miss. Half an ulp
 #: for ``first`` is the smallest difference rounding to the dtype can leave.

@@ -57,7 +57,7 @@ __all__ = [
 #: loaded with (any other: unchanged), in the dtypes of :data:`FORWARD_ATTENTION_DTYPES`.
 #: Eager attention materialises batch x heads x width^2 scores; sdpa without a padding mask
 #: (see :meth:`ForwardStage.run`) runs a causal kernel that does not. Measured on the demo
-#: (189 scenarios, fp32, 2 threads, forward passes alone, 2026-12-01): 0.73-0.88 s eager at
+#: (189 scenarios, fp32, 2 threads, forward passes alone): 0.73-0.88 s eager at
 #: batch 4, 0.40-0.45 s sdpa at batch 4-16 (0.83 s at 32). A different computation of the same
 #: logits: the calibration measures it (kinds ``first``/``step`` compare this pass's logits
 #: with the reference call's, ``generate`` its cache's use) and the margin guard bounds it.
