@@ -21,7 +21,7 @@ Scenario counts are sized so that on one GPU the whole check takes at most about
 skipped and says so); ``--device cpu`` runs a smaller version of the same steps (few
 scenarios, a shard of the pytest run), and ``--quick`` a smaller one still. The report
 (Markdown) is rewritten atomically after every step, so a run cut short keeps the steps done.
-See ``docs/decoding.md``, "The first GPU run: memeval gpu-check".
+See ``docs/gpu.md``, "The first GPU run: memeval gpu-check".
 
 Exit status: 0 when every step that ran finished and every bench's predictions were
 identical (a missing SmolLM2 file does not count against it); 1 otherwise; 2 on bad input.

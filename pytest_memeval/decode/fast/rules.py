@@ -44,11 +44,11 @@ ACCELERATOR = "accelerator"
 #: Scenarios per forward pass on the CPU (an upper bound; the token budget also applies). With
 #: eager attention over a wide batch, 4 beat 1, 8 and 16; with the forward pass's causal sdpa
 #: (``forward.FORWARD_ATTENTION``) 4 to 16 cost the same and 32 twice as much (see
-#: ``docs/decoding.md``, "Forward-pass batches"): 8 keeps the scheduler's chunks under xdist
+#: ``docs/decoding.md``, "Batching and prefetch"): 8 keeps the scheduler's chunks under xdist
 #: small.
 CPU_BATCH_SIZE = 8
 #: Scenarios per forward pass on an accelerator: a wide pass costs about what one row costs
-#: while the device is not saturated; 16 is a start, to be sized per card (``docs/decoding.md``,
+#: while the device is not saturated; 16 is a start, to be sized per card (``docs/gpu.md``,
 #: "Sizing batches on a GPU").
 ACCELERATOR_BATCH_SIZE = 16
 #: Padded tokens per forward pass (batch rows x longest row), bounding activation memory.
