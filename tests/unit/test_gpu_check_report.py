@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_memeval.tools.gpu_check_report import (
+from pytest_memeval.tools.gpu_check import (
     Report,
     Step,
     StepResult,

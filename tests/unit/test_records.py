@@ -42,7 +42,7 @@ from pytest_memeval.core.records import Record as RecordSchema
 from pytest_memeval.core.recount import RecountError, recount_run
 from pytest_memeval.core.scoring import score
 from pytest_memeval.tools.cli import main
-from pytest_memeval.tools.known_failures import ExpectError, load_known_failures
+from pytest_memeval.tools.gate import ExpectError, load_known_failures
 
 DEMO_RUN = Path(__file__).parent / "data" / "demo_oracle_subset"
 WHERE = "preds.jsonl:3"

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from pytest_memeval.core.profiles import BenchmarkSpec, GenerationSettings, Profile
-from pytest_memeval.tools.finished import FinishedRun
 from pytest_memeval.tools.gate import GateCheck, GateOutcome
-from pytest_memeval.tools.junit import (
+from pytest_memeval.tools.publish import (
     VALUE_LIMIT,
+    FinishedRun,
     add_suite_properties,
     case_properties,
     suite_properties,
 )
-from pytest_memeval.tools.tracking.fields import (
+from pytest_memeval.tools.publish.tracking import (
     GitState,
     git_state,
     run_metrics,
