@@ -23,7 +23,8 @@ from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_histo
 from pytest_memeval.core.ids import param_id
 from pytest_memeval.core.profiles import Profile, ProfileError, describe_overrides
 from pytest_memeval.core.sharding import describe_shard
-from pytest_memeval.decode import CalibrationStore, make_model_decoder
+from pytest_memeval.decode import make_model_decoder
+from pytest_memeval.decode.fast import CalibrationStore
 from pytest_memeval.decode.replay import ReplayDecoder
 from pytest_memeval.model.checks import CheckpointError
 from pytest_memeval.model.loading import load_model

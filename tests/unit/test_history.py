@@ -22,11 +22,16 @@ from pytest_memeval.core.history import (
 )
 from pytest_memeval.core.matching import ParseRules
 from pytest_memeval.core.metrics import Tally
-from pytest_memeval.core.records import RecordError, validate_metrics, validate_record
+from pytest_memeval.core.records import (
+    RecordError,
+    Rollout,
+    TurnOutput,
+    validate_metrics,
+    validate_record,
+)
 from pytest_memeval.core.recount import RecountError, recount_file, recount_run
 from pytest_memeval.core.results import load_checked_run
 from pytest_memeval.core.scoring import departure, score
-from pytest_memeval.decode import Rollout, TurnOutput
 from pytest_memeval.decode.replay import ReplayError, check_replay_history, load_replay_source
 from pytest_memeval.runtime.session import decoding_fingerprint, decoding_settings, run_dir_name
 from pytest_memeval.tools.compare import (

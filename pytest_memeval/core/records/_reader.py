@@ -1,9 +1,9 @@
-"""Reading a file of records: each line through :func:`._record_checks.validate_record`.
+"""Reading a file of records: each line through :func:`._validate.validate_record`.
 
 :func:`read_records` is the one reader of ``predictions.jsonl`` and ``journal.jsonl``
 (recount, results, the gate's baseline, known failures, the step summary): it skips blank
 lines and a journal's header and refuses malformed JSON, a line that is not a record and a
-scenario seen twice, each as a :class:`._field_checks.RecordError` naming ``path:line``.
+scenario seen twice, each as a :class:`._fields.RecordError` naming ``path:line``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from pytest_memeval.core._field_checks import RecordError
-from pytest_memeval.core._record_checks import validate_record
-from pytest_memeval.core._record_types import Record
+from pytest_memeval.core.records._fields import RecordError
+from pytest_memeval.core.records._types import Record
+from pytest_memeval.core.records._validate import validate_record
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY
 
 __all__ = ["read_records"]

@@ -1,18 +1,19 @@
 """The checks of the run-level side of the results schema: ``metrics.json`` and a shard's scope.
 
 :func:`validate_metrics` and :func:`validate_shard_scope`: each field present with the type
-its TypedDict (:mod:`._metrics_types`) declares, read through
-:func:`._field_checks.fields_of`, then the values the types cannot state (the schema
+its TypedDict (:mod:`._metrics`) declares, read through
+:func:`._fields.fields_of`, then the values the types cannot state (the schema
 version, the fixed vocabularies, ``m1.total == n``). Each returns the document typed or
-raises :class:`._field_checks.RecordError` naming the file, the field and what is wrong.
+raises :class:`._fields.RecordError` naming the file, the field and what is wrong.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
-from pytest_memeval.core._field_checks import Checker, fields_of, is_kind, shown
-from pytest_memeval.core._metrics_types import (
+from pytest_memeval.core.history import HISTORIES
+from pytest_memeval.core.records._fields import Checker, fields_of, is_kind, shown
+from pytest_memeval.core.records._metrics import (
     STOP_FLAGS,
     CountFields,
     Fingerprints,
@@ -24,8 +25,7 @@ from pytest_memeval.core._metrics_types import (
     ShardScope,
     SliceBlock,
 )
-from pytest_memeval.core._record_types import SCHEMA_VERSION
-from pytest_memeval.core.history import HISTORIES
+from pytest_memeval.core.records._types import SCHEMA_VERSION
 from pytest_memeval.core.tags import tag_problem
 
 __all__ = ["validate_metrics", "validate_shard_scope"]

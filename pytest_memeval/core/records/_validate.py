@@ -2,9 +2,9 @@
 
 :func:`validate_record` (a line of ``predictions.jsonl`` or ``journal.jsonl``) and
 :func:`validate_prediction` (a line of a predictions file to replay): each field present
-with the type its TypedDict (:mod:`._record_types`) declares, read through
-:func:`._field_checks.fields_of`, then the values' agreement with one another. Each returns
-the object typed or raises :class:`._field_checks.RecordError` naming the place (file:line,
+with the type its TypedDict (:mod:`._types`) declares, read through
+:func:`._fields.fields_of`, then the values' agreement with one another. Each returns
+the object typed or raises :class:`._fields.RecordError` naming the place (file:line,
 scenario), the field and what is wrong.
 """
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
-from pytest_memeval.core._field_checks import Checker, fields_of, shown
-from pytest_memeval.core._record_types import (
+from pytest_memeval.core.history import HISTORIES
+from pytest_memeval.core.records._fields import Checker, fields_of, shown
+from pytest_memeval.core.records._types import (
     GRANULARITIES,
     Overlong,
     Prediction,
@@ -22,7 +23,6 @@ from pytest_memeval.core._record_types import (
     Record,
     Turn,
 )
-from pytest_memeval.core.history import HISTORIES
 from pytest_memeval.core.tags import check_tags, meta_problem
 
 __all__ = ["validate_prediction", "validate_record"]

@@ -3,7 +3,7 @@
 :class:`Metrics` with its blocks (:class:`RateBlock`, :class:`SliceBlock`,
 :class:`LeftTruth`, ...), :class:`Counts` (the fields the aggregate and the recount both
 compute), and :class:`ShardScope` (``scope.shard`` of a shard run). Plain types only; the
-checks derived from them are in :mod:`._metrics_checks`. Import them from
+checks derived from them are in :mod:`._validate_metrics`. Import them from
 :mod:`pytest_memeval.core.records`.
 """
 
@@ -99,7 +99,7 @@ class Fingerprints(TypedDict, total=False):
 
 class CountFields(TypedDict):
     """The count fields every ``metrics.json`` has: required even of a ``counts_only``
-    read (:func:`~._metrics_checks.validate_metrics`)."""
+    read (:func:`~._validate_metrics.validate_metrics`)."""
 
     n: int
     m1: RateBlock

@@ -14,14 +14,15 @@ naming the place (file:line, scenario), the field and what is wrong, or returns 
 typed, so readers index it without further ``isinstance`` checks and a reader's ``KeyError``
 or ``TypeError`` is a bug, never bad input.
 
-This is the public module; the code sits in private ones, one concern each:
+This package's ``__init__`` is its public face (every name is imported from here); the code
+sits in private modules, one concern each:
 
-* ``_record_types.py``: the per-scenario types (decoder outputs, record, replay line);
-* ``_metrics_types.py``: the run-level types (``metrics.json`` and its blocks, a shard's scope);
-* ``_field_checks.py``: the field checks derived from a TypedDict (:class:`RecordError`);
-* ``_record_checks.py``: :func:`validate_record`, :func:`validate_prediction`;
-* ``_metrics_checks.py``: :func:`validate_metrics`, :func:`validate_shard_scope`;
-* ``_record_reader.py``: :func:`read_records`, a file of records line by line.
+* ``_types.py``: the per-scenario types (decoder outputs, record, replay line);
+* ``_metrics.py``: the run-level types (``metrics.json`` and its blocks, a shard's scope);
+* ``_fields.py``: the field checks derived from a TypedDict (:class:`RecordError`);
+* ``_validate.py``: :func:`validate_record`, :func:`validate_prediction`;
+* ``_validate_metrics.py``: :func:`validate_metrics`, :func:`validate_shard_scope`;
+* ``_reader.py``: :func:`read_records`, a file of records line by line.
 
 None carries behaviour beyond the checks or imports anything heavy, so every stage
 (scoring in ``core``, the decoders, the runtime, the tools) can share them.
@@ -29,9 +30,8 @@ None carries behaviour beyond the checks or imports anything heavy, so every sta
 
 from __future__ import annotations
 
-from pytest_memeval.core._field_checks import RecordError
-from pytest_memeval.core._metrics_checks import validate_metrics, validate_shard_scope
-from pytest_memeval.core._metrics_types import (
+from pytest_memeval.core.records._fields import RecordError
+from pytest_memeval.core.records._metrics import (
     STOP_FLAGS,
     Counts,
     Fingerprints,
@@ -43,9 +43,8 @@ from pytest_memeval.core._metrics_types import (
     ShardScope,
     SliceBlock,
 )
-from pytest_memeval.core._record_checks import validate_prediction, validate_record
-from pytest_memeval.core._record_reader import read_records
-from pytest_memeval.core._record_types import (
+from pytest_memeval.core.records._reader import read_records
+from pytest_memeval.core.records._types import (
     GRANULARITIES,
     SCHEMA_VERSION,
     Overlong,
@@ -56,6 +55,8 @@ from pytest_memeval.core._record_types import (
     Turn,
     TurnOutput,
 )
+from pytest_memeval.core.records._validate import validate_prediction, validate_record
+from pytest_memeval.core.records._validate_metrics import validate_metrics, validate_shard_scope
 
 __all__ = [
     "GRANULARITIES",

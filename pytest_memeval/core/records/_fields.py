@@ -1,8 +1,8 @@
 """The field checks of the results schema, derived from its TypedDicts, and what applies them.
 
-:func:`fields_of` reads a TypedDict class (:mod:`._record_types`, :mod:`._metrics_types`)
+:func:`fields_of` reads a TypedDict class (:mod:`._types`, :mod:`._metrics`)
 into :class:`FieldSpec` rows: each field's name, JSON kind and whether it may be null, so the
-validators (:mod:`._record_checks`, :mod:`._metrics_checks`) check exactly what the types
+validators (:mod:`._validate`, :mod:`._validate_metrics`) check exactly what the types
 declare and the schema is stated once. A :class:`Checker` applies the rows to one JSON
 object; every problem it finds is a :class:`RecordError` naming the place, the field and
 what is wrong.

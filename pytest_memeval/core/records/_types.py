@@ -5,7 +5,7 @@
   :func:`pytest_memeval.core.scoring.score`): :class:`Record` with its :class:`Turn` entries;
 * a line of a predictions file to replay (``kind = "replay"``): :class:`Prediction`.
 
-Plain types only; the checks derived from them are in :mod:`._record_checks`. Import them
+Plain types only; the checks derived from them are in :mod:`._validate`. Import them
 from :mod:`pytest_memeval.core.records`.
 """
 
