@@ -1,6 +1,6 @@
-"""A finished run as an experiment tracker sees it (tools/tracking/fields.py): parameters,
+"""A finished run as an experiment tracker sees it (tools/publish/tracking/fields.py): parameters,
 metrics, tags and artifacts, tracker-neutral; and the JUnit properties built from the same
-run (tools/junit.py), through their public functions."""
+run (tools/publish/junit.py), through their public functions."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ fingerprints, ...; :func:`suite_properties`) are valid in every family. pytest's
 ``record_testsuite_property`` cannot carry them: it does not work under xdist (pytest#7767),
 and the numbers exist only once the run is written, after pytest's own session-finish hooks.
 So the controller adds them to the file pytest wrote, as a ``pytest_memeval_run_finished``
-implementation (after junitxml wrote it, tools/finished.py): parsed, the properties appended
+implementation (after junitxml wrote it, tools/publish/finished.py): parsed, the properties appended
 to the ``<testsuite>``'s ``<properties>`` (created as its first child, where the schema wants
 it), written back atomically (a temporary sibling renamed over the file).
 
@@ -150,7 +150,7 @@ class JunitTestcaseProperties:
         if report.when != "call" or scenario_param(item) is None:
             return
         # The worker moves the record onto the call report (worker.py); which wrapper runs
-        # first is not ours to fix, so look in both places (as html_extras does).
+        # first is not ours to fix, so look in both places (as report/plugin.py does).
         record = report_record(report) or item.stash.get(RECORD_KEY, None)
         if not isinstance(record, dict):
             return

@@ -1,4 +1,4 @@
-// The memeval report's search and filter, inlined into the page by tools/report.py; the
+// The memeval report's search and filter, inlined into the page by tools/report/; the
 // page's Content-Security-Policy admits exactly this text, by its SHA-256 hash.
 (function(){
   var q=document.getElementById('q'), f=document.getElementById('only'),
