@@ -1,6 +1,6 @@
 """The CI gate and known failures: a run held to thresholds, a baseline and its slices.
 
-:mod:`.plugin` is the pytest plugin (``--memeval-min-*``, ``--memeval-baseline``,
+:mod:`.plugin` is the pytest plugin (the thresholds, ``--memeval-baseline``,
 ``--memeval-expect``; the gate decides the exit status), :mod:`.checks` the exact checks in
 fractions, :mod:`.slices` the per-slice gates, :mod:`.known_failures` the failing items of a
 run (and the ``memeval known-failures`` command). This package's names are imported from
