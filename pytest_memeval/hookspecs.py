@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pytest_memeval.core.records import Metrics, Record
     from pytest_memeval.decode import Decoder
     from pytest_memeval.env import EnvSpec, TextEnv
-    from pytest_memeval.tools.finished import FinishedRun
+    from pytest_memeval.tools.publish import FinishedRun
 
 
 @pytest.hookspec(firstresult=True)
@@ -91,7 +91,7 @@ def pytest_memeval_run_finished(config: pytest.Config, run: FinishedRun) -> None
     ``pytest_sessionfinish`` implementation ran: the run directory is written and recounted,
     the gate (if any) has decided the exit status, and the files of pytest's ``--junitxml``
     and pytest-html's ``--html`` are on disk. ``run``
-    (:class:`~pytest_memeval.tools.finished.FinishedRun`) says where the run's files are, its
+    (:class:`~pytest_memeval.tools.publish.FinishedRun`) says where the run's files are, its
     metrics, the resolved profile, the gate's outcome and the session's exit status.
 
     Called for every run the session wrote, finished or not: ``run.complete`` is true only
@@ -103,7 +103,7 @@ def pytest_memeval_run_finished(config: pytest.Config, run: FinishedRun) -> None
     The bundled step summary (``$GITHUB_STEP_SUMMARY``, ``--memeval-summary-md``), the JUnit
     properties (``--junitxml``) and the MLflow logger (``--memeval-mlflow``) are
     implementations of this hook. Say what you published with
-    :func:`pytest_memeval.tools.finished.report_output` (a line in the terminal summary).
+    :func:`pytest_memeval.tools.publish.report_output` (a line in the terminal summary).
     Each implementation is called on its own: one that raises is reported in red in the
     terminal summary, the others still run, and the exit status stands (a tracker that is
     down does not fail an eval). docs/ci-and-tracking.md has an example.

@@ -23,7 +23,8 @@ from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_histo
 from pytest_memeval.core.ids import param_id
 from pytest_memeval.core.profiles import Profile, ProfileError, describe_overrides
 from pytest_memeval.core.sharding import describe_shard
-from pytest_memeval.decode import CalibrationStore, make_model_decoder
+from pytest_memeval.decode import make_model_decoder
+from pytest_memeval.decode.fast import CalibrationStore
 from pytest_memeval.decode.replay import ReplayDecoder
 from pytest_memeval.model.checks import CheckpointError
 from pytest_memeval.model.loading import load_model
@@ -49,11 +50,11 @@ if TYPE_CHECKING:
 # after this module, so their hooks run in the order the tests and docs describe):
 pytest_plugins = [
     # CI gates and known failures.
-    "pytest_memeval.tools.gate",
+    "pytest_memeval.tools.gate.plugin",
     # Wrong answers shown one line each (pytest's -v, --tb, -rA give full reports).
     "pytest_memeval.runtime.failures",
     # The pytest-html integration (active only with pytest-html).
-    "pytest_memeval.tools.html_extras",
+    "pytest_memeval.tools.report.plugin",
     # `--memeval-out DIR` written with a space: keep pytest's rootdir/config file right.
     "pytest_memeval.runtime.cmdline",
     # One device per xdist worker; its early hooks bind before anything touches CUDA.
@@ -66,10 +67,10 @@ pytest_plugins = [
     "pytest_memeval.runtime.stall",
     # The end of the session: pytest_memeval_run_finished, and its bundled implementations
     # (the Markdown step summary, JUnit properties, the MLflow logger when asked for).
-    "pytest_memeval.tools.finished",
-    "pytest_memeval.tools.step_summary",
-    "pytest_memeval.tools.junit",
-    "pytest_memeval.tools.tracking.mlflow",
+    "pytest_memeval.tools.publish.finished",
+    "pytest_memeval.tools.publish.step_summary",
+    "pytest_memeval.tools.publish.junit",
+    "pytest_memeval.tools.publish.tracking.mlflow",
 ]
 # This module imports several of them before pytest reads ``pytest_plugins``; pytest would
 # then warn once per module that it cannot rewrite their asserts. They hold no test code, so

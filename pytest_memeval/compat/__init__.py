@@ -13,7 +13,7 @@ installed version and the supported range. ``tox -e newest`` (and the ``newest``
   ``_parser.extra_info``, ``_checkversion``, ``_validate_plugins``), for the pytest#8846
   workaround in ``runtime/cmdline.py``; the terminal reporter's ``_tw``; the JUnit XML file
   junitxml writes (``_pytest.junitxml.xml_key``: its ``logfile`` and ``family``, for the
-  test-suite properties of ``tools/junit.py``); the scenario record carried on a test report
+  test-suite properties of ``tools/publish/junit.py``); the scenario record carried on a test report
   (``set_report_record``/``report_record``: pytest's report serialisation copies
   ``report.__dict__``, undocumented).
 - :mod:`~pytest_memeval.compat.xdist`: :class:`~pytest_memeval.compat.xdist.ScopeScheduling`,

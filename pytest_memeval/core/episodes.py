@@ -12,7 +12,7 @@ from typing import TypedDict
 
 from pytest_memeval.core.records import RateBlock
 from pytest_memeval.core.stats import rate_with_ci
-from pytest_memeval.env.episode import Episode, TerminationReason
+from pytest_memeval.env import Episode, TerminationReason
 
 __all__ = ["EpisodeMetrics", "InvalidCounts", "StepCounts", "episode_metrics"]
 

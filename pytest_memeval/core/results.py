@@ -308,7 +308,7 @@ def _read_metrics(path: Path) -> Metrics:
 
 
 def _read_records(path: Path) -> dict[str, Record]:
-    # One validator for every reader of records (core/records.py): a malformed line is
+    # One validator for every reader of records (core/records/): a malformed line is
     # refused here with its file, line, scenario and field, never later as a KeyError.
     try:
         return {record["id"]: record for record in read_records(path)}

@@ -20,7 +20,7 @@ holds a lock on the run directory from configure to unconfigure:
   (``SLURM_JOB_ID``, the array job and task, ``SLURM_RESTART_COUNT``): a task that Slurm
   requeued (possibly onto another node) finds the lock of its own earlier incarnation (same
   job and task, lower restart count), which is stale, and takes it over. ``memeval slurm
-  resubmit`` clears the lock of a job that Slurm reports ended (tools/slurm_locks.py).
+  resubmit`` clears the lock of a job that Slurm reports ended (tools/slurm/locks.py).
 """
 
 from __future__ import annotations

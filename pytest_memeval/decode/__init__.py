@@ -11,12 +11,12 @@ decoders themselves, lazily.
 from __future__ import annotations
 
 from pytest_memeval.core.history import HISTORY_TRUTH
-from pytest_memeval.decode._types import Decoder, Rollout, TurnOutput
+from pytest_memeval.decode._types import Decoder
 from pytest_memeval.decode.fast import CalibrationStore, FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel
 
-__all__ = ["CalibrationStore", "Decoder", "Rollout", "TurnOutput", "make_model_decoder"]
+__all__ = ["Decoder", "make_model_decoder"]
 
 
 def make_model_decoder(

@@ -1,4 +1,5 @@
-"""Plain-data results of decoding, shared by every decoder."""
+"""The decoder protocol, shared by every decoder (their results, :class:`Rollout` and
+:class:`TurnOutput`, are records: :mod:`pytest_memeval.core.records`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pytest_memeval.core.benchmark import Scenario
-from pytest_memeval.core.records import Rollout, TurnOutput
+from pytest_memeval.core.records import Rollout
 
-__all__ = ["Decoder", "Rollout", "TurnOutput"]
+__all__ = ["Decoder"]
 
 
 class Decoder(Protocol):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from pytest_memeval.compat.transformers import full_attention_kv, generate_with_logits
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH, fed_back, history_name
-from pytest_memeval.decode._types import Rollout, TurnOutput
+from pytest_memeval.core.records import Rollout, TurnOutput
 from pytest_memeval.model.loading import LoadedModel
 from pytest_memeval.model.prompts import TurnPrompt, free_running_prompt, turn_prompts
 

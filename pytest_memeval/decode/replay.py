@@ -47,11 +47,12 @@ from pytest_memeval.core.records import (
     Metrics,
     Prediction,
     RecordError,
+    Rollout,
+    TurnOutput,
     validate_metrics,
     validate_prediction,
 )
 from pytest_memeval.core.rundir import JOURNAL_HEADER_KEY, METRICS
-from pytest_memeval.decode._types import Rollout, TurnOutput
 
 __all__ = [
     "STOP_FLAGS_ABSENT",

@@ -19,6 +19,7 @@ from pytest_memeval.env.episode import (
     TerminationReason,
     run_episode,
 )
+from pytest_memeval.env.gym_adapter import GymnasiumTextEnv
 from pytest_memeval.env.protocol import (
     EnvError,
     EnvInfo,
@@ -29,10 +30,19 @@ from pytest_memeval.env.protocol import (
 )
 from pytest_memeval.env.registry import BUILTIN_BACKENDS, describe_env, make_env
 from pytest_memeval.env.runner import EpisodeRunner
-from pytest_memeval.env.spec import EnvSpec, parse_env_spec, parse_seeds
+from pytest_memeval.env.spec import (
+    DEFAULT_MAX_STEPS,
+    MAX_SEEDS,
+    EnvSpec,
+    parse_env_spec,
+    parse_seeds,
+)
+from pytest_memeval.env.textworld import TextWorldExpress
 
 __all__ = [
     "BUILTIN_BACKENDS",
+    "DEFAULT_MAX_STEPS",
+    "MAX_SEEDS",
     "ContextLimitExceeded",
     "EnvError",
     "EnvInfo",
@@ -41,6 +51,7 @@ __all__ = [
     "EnvSpecError",
     "Episode",
     "EpisodeRunner",
+    "GymnasiumTextEnv",
     "Message",
     "Policy",
     "PolicyOutput",
@@ -48,6 +59,7 @@ __all__ = [
     "StepResult",
     "TerminationReason",
     "TextEnv",
+    "TextWorldExpress",
     "describe_env",
     "make_env",
     "parse_env_spec",

@@ -50,7 +50,7 @@ from pytest_memeval.core.cache import resolve_cache_dir
 from pytest_memeval.core.formatting import per_second, percent, shown_list
 from pytest_memeval.core.history import HISTORIES, HISTORY_TRUTH, describe_history
 from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
-from pytest_memeval.decode import Rollout
+from pytest_memeval.core.records import Rollout
 from pytest_memeval.decode.fast import (
     DEFAULT_MAX_BATCH_TOKENS,
     KINDS,

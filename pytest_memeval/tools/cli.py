@@ -27,15 +27,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "merge": ("pytest_memeval.tools.merge", "merge complete shard runs into one run"),
     "compare": (
-        "pytest_memeval.tools.compare_command",
+        "pytest_memeval.tools.compare.command",
         "compare two runs (m1/m2, intervals, McNemar, flips; per slice with tags)",
     ),
     "report": (
-        "pytest_memeval.tools.report",
+        "pytest_memeval.tools.report.command",
         "write a self-contained HTML report of runs (or their Markdown summary)",
     ),
     "known-failures": (
-        "pytest_memeval.tools.known_failures",
+        "pytest_memeval.tools.gate.known_failures",
         "list a run's failing eval items (for pytest --memeval-expect FILE)",
     ),
     "fetch": (
@@ -44,11 +44,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("pytest_memeval.tools.bench", "benchmark the fast decode path against the reference"),
     "gpu-check": (
-        "pytest_memeval.tools.gpu_check",
+        "pytest_memeval.tools.gpu_check.command",
         "the first run on a GPU in one command: benches, a bound pytest run, one report",
     ),
     "slurm": (
-        "pytest_memeval.tools.slurm",
+        "pytest_memeval.tools.slurm.command",
         "submit shards to Slurm and merge them; status and resubmit of a submission",
     ),
 }

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_memeval.decode.policy import ModelPolicy, model_context
-from pytest_memeval.env import Episode, TerminationReason, make_env, run_episode
-from pytest_memeval.env.textworld import TextWorldExpress
+from pytest_memeval.env import Episode, TerminationReason, TextWorldExpress, make_env, run_episode
 from pytest_memeval.model.loading import LoadedModel, load_model
 
 from ..conftest import ADAPTERS, BASE_MODEL

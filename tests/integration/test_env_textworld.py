@@ -15,16 +15,16 @@ import pytest
 from pytest_memeval.compat import textworld_express as ctwx
 from pytest_memeval.env import (
     EnvSetupError,
+    EnvSpec,
     Episode,
     EpisodeRunner,
     TerminationReason,
     TextEnv,
+    TextWorldExpress,
     describe_env,
     make_env,
     run_episode,
 )
-from pytest_memeval.env.spec import EnvSpec
-from pytest_memeval.env.textworld import TextWorldExpress
 
 from ..envs import TWC_TABLE, is_running, java_children, require_textworld, scripted, twc_spec
 

@@ -22,10 +22,7 @@ import pytest
 from pytest_memeval.core.benchmark import Scenario, from_records
 from pytest_memeval.core.history import fed_back
 from pytest_memeval.decode import make_model_decoder
-from pytest_memeval.decode.fast import FastDecoder
-from pytest_memeval.decode.fast.exact import ExactStage
-from pytest_memeval.decode.fast.probe import probe_linear_rows
-from pytest_memeval.decode.fast.shared import Shared
+from pytest_memeval.decode.fast import ExactStage, FastDecoder, Shared, probe_linear_rows
 from pytest_memeval.decode.reference import ReferenceDecoder, reference_steps
 from pytest_memeval.model.checks import check_adapter_fits, fingerprint_dir
 from pytest_memeval.model.loading import LoadedModel, load_model

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
-from pytest_memeval.decode import Rollout
+from pytest_memeval.core.records import Rollout
 from pytest_memeval.decode.fast import (
     KINDS,
     CalibrationCacheWarning,

@@ -17,7 +17,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
-from pytest_memeval.decode import Rollout, make_model_decoder
+from pytest_memeval.core.records import Rollout
+from pytest_memeval.decode import make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder, unsafe_generation_settings
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model

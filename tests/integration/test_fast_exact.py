@@ -17,11 +17,17 @@ from dataclasses import dataclass, replace
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
-from pytest_memeval.decode import Rollout
-from pytest_memeval.decode.fast import Calibration, Disagreement, ExactMode, FastDecoder, Kind
-from pytest_memeval.decode.fast.exact import ExactStage
-from pytest_memeval.decode.fast.probe import probe_linear_rows
-from pytest_memeval.decode.fast.shared import Shared
+from pytest_memeval.core.records import Rollout
+from pytest_memeval.decode.fast import (
+    Calibration,
+    Disagreement,
+    ExactMode,
+    ExactStage,
+    FastDecoder,
+    Kind,
+    Shared,
+    probe_linear_rows,
+)
 from pytest_memeval.decode.reference import ReferenceDecoder, reference_steps
 from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.prompts import turn_prompts

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from pytest_memeval.core.benchmark import from_records
-from pytest_memeval.decode.fast import FastDecoder
-from pytest_memeval.decode.fast.plan import ScenarioPlan
+from pytest_memeval.decode.fast import FastDecoder, ScenarioPlan
 from pytest_memeval.model.loading import LoadedModel, load_model
 
 from ..conftest import ADAPTERS, BASE_MODEL, demo_records

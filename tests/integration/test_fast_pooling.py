@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
-from pytest_memeval.decode import Rollout
+from pytest_memeval.core.records import Rollout
 from pytest_memeval.decode.fast import KINDS, FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model

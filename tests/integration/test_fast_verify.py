@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
-from pytest_memeval.decode import Rollout
-from pytest_memeval.decode.fast import DecodeStats, FastDecoder
+from pytest_memeval.core.records import Rollout
+from pytest_memeval.decode.fast import Checks, DecodeStats, FastDecoder
 from pytest_memeval.decode.fast import verify as verify_stage
-from pytest_memeval.decode.fast.logits import Checks
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.tools.cli import main

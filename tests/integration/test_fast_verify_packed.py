@@ -10,11 +10,9 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from pytest_memeval.core.benchmark import Scenario, from_records
-from pytest_memeval.decode import Rollout
-from pytest_memeval.decode.fast import FastDecoder
+from pytest_memeval.core.records import Rollout
+from pytest_memeval.decode.fast import CacheSlice, Continuation, FastDecoder
 from pytest_memeval.decode.fast import verify as verify_stage
-from pytest_memeval.decode.fast.kvcache import CacheSlice
-from pytest_memeval.decode.fast.verify import Continuation
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.prefix import proven_scenario_prompts

@@ -230,7 +230,7 @@ def test_gate_baseline_of_the_other_history_is_refused(memeval_project: MemevalP
 
 
 WRONG_HISTORY_DECODER = """
-from pytest_memeval.decode import Rollout, TurnOutput
+from pytest_memeval.core.records import Rollout, TurnOutput
 
 
 class TeacherForcedOnly:

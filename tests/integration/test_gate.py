@@ -17,12 +17,14 @@ import pytest
 from pytest_memeval.tools.cli import main
 from pytest_memeval.tools.gate import (
     Baseline,
+    ExpectError,
     GateSettings,
     evaluate_gate,
+    failed_items,
+    load_known_failures,
     parse_rate,
     wrong_answer,
 )
-from pytest_memeval.tools.known_failures import ExpectError, failed_items, load_known_failures
 
 from ..conftest import MemevalProject, demo_records
 from ..runfactory import make_record, write_crafted, write_run

@@ -16,8 +16,7 @@ import pytest
 from pytest_memeval.core.benchmark import from_records
 from pytest_memeval.core.ids import IdMap
 from pytest_memeval.decode.batches import length_batches
-from pytest_memeval.decode.fast import DEFAULT_MAX_BATCH_TOKENS
-from pytest_memeval.decode.fast.decoder import FORWARD_MIN_FILL
+from pytest_memeval.decode.fast import DEFAULT_MAX_BATCH_TOKENS, FORWARD_MIN_FILL
 from pytest_memeval.model.prompts import conversation_ids
 from pytest_memeval.runtime.scheduler import ScenarioScheduling
 

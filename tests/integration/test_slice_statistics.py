@@ -17,7 +17,7 @@ import pytest
 from pytest_memeval.core.records import Record
 from pytest_memeval.core.results import CheckedRun
 from pytest_memeval.core.stats import adjust_p, benjamini_hochberg, holm
-from pytest_memeval.tools.slice_compare import SliceComparison, compare_slices
+from pytest_memeval.tools.compare import SliceComparison, compare_slices
 
 from ..runfactory import make_record
 

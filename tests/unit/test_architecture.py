@@ -23,6 +23,14 @@ test below:
   (``xdist.scheduler.LoadScopeScheduling`` included: subclassing it means overriding its
   private hooks) goes through compat/. And no module outside compat/ imports an
   underscore name from another package.
+* **One import path per name**, in the package and in tests, contracts/ and demo/ alike. A
+  package below a layer folder (``tools/compare/``, ``core/records/``, ``decode/fast/``...)
+  and env/ are *sealed*: from outside, only the package is imported, never one of its modules
+  (``pytest_memeval.tools.compare``, not ``pytest_memeval.tools.compare.load``); an
+  underscore module only from its own folder; and each name is imported from one module
+  wherever it is used, except by the modules beside it (its sealed package, or else its
+  folder), which import it where it is defined. :func:`package_graph` draws the imports
+  between packages that docs/architecture.md shows.
 """
 
 from __future__ import annotations
@@ -329,3 +337,245 @@ def test_fast_decoder_modules_and_functions_stay_short(name: str) -> None:
         and node.end_lineno - node.lineno + 1 > FAST_MAX_FUNCTION_LINES
     )
     assert long == [], f"{path.name}: functions over {FAST_MAX_FUNCTION_LINES} lines: {long}"
+
+
+# ------------------------------------------------------------------- one import path per name
+
+REPO = PACKAGE.parent
+#: the trees outside the package whose imports follow the same rules: tests import a name from
+#: where the package itself does
+CALLERS = ("tests", "contracts", "demo", "conftest.py")
+#: layer folders whose ``__init__`` is their public face, as a package below a layer is
+PUBLIC_FOLDERS = (f"{ROOT}.env",)
+#: packages below a layer whose modules are public one by one (package -> why)
+OPEN_PACKAGES = {
+    f"{ROOT}.core.builders": "one module a builder (scene_memory); __init__ is their registry",
+}
+#: where users import from (README, docs): the top-level package re-exports core names, and the
+#: public modules re-export the items a test module collects; no module of the package imports
+#: them (they sit above every layer)
+USER_FACADES = (ROOT, f"{ROOT}.evaluation", f"{ROOT}.guard_tests")
+#: tests that import a module of a sealed package to patch it (module -> why)
+PATCHES_A_MODULE = {
+    "tests.integration.test_fast_verify": "patches decode.fast.verify's accept",
+    "tests.integration.test_fast_verify_packed": "patches decode.fast.verify's VERIFY_ROUNDS",
+}
+
+
+@functools.cache
+def _caller_files() -> dict[str, Path]:
+    """Module-like names of the files outside the package that import it (tests, demo...)."""
+    found = {}
+    for entry in CALLERS:
+        path = REPO / entry
+        for file in [path] if path.is_file() else sorted(path.rglob("*.py")):
+            found[".".join(file.relative_to(REPO).with_suffix("").parts)] = file
+    return found
+
+
+@functools.cache
+def _sealed() -> tuple[str, ...]:
+    """Packages imported only through their ``__init__`` from outside: every package below a
+    layer folder (tools/compare/, core/records/, decode/fast/, ...) and :data:`PUBLIC_FOLDERS`."""
+    below = [
+        n
+        for n, p in _modules().items()
+        if p.name == "__init__.py" and n.count(".") >= 2 and n not in OPEN_PACKAGES
+    ]
+    return tuple(sorted(below + list(PUBLIC_FOLDERS)))
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _home(module: str) -> str | None:
+    """The innermost sealed package that holds ``module`` (``None``: none does)."""
+    homes = [p for p in _sealed() if _inside(module, p)]
+    return max(homes, key=len) if homes else None
+
+
+def _siblings(module: str) -> str:
+    """The modules that may import ``module`` directly, past any public face: its sealed
+    package's, or else its folder's."""
+    return _home(module) or module.rsplit(".", 1)[0]
+
+
+@functools.cache
+def _first_party(importer: str) -> tuple[tuple[int, str, str | None], ...]:
+    """Every first-party import of a file, from ``import`` statements (not strings):
+    ``(line, module, name)``, ``name`` ``None`` where a module itself is imported."""
+    path = _modules().get(importer) or _caller_files()[importer]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[tuple[int, str, str | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, None) for a in node.names if _inside(a.name, ROOT)]
+        elif isinstance(node, ast.ImportFrom) and (node.level or _inside(node.module or "", ROOT)):
+            targets = _from_targets(importer, path.name == "__init__.py", node)
+            for alias, target in zip(node.names, targets, strict=True):
+                found.append(
+                    (
+                        node.lineno,
+                        target,
+                        None
+                        if target in _modules() and (target.endswith("." + alias.name))
+                        else alias.name,
+                    )
+                )
+    return tuple(found)
+
+
+@functools.cache
+def _bindings(module: str) -> dict[str, tuple[str, str] | None]:
+    """The names ``module`` binds at its top level: ``(source module, name)`` for a name it
+    imports from a first-party module, ``None`` for one it defines."""
+    bound: dict[str, tuple[str, str] | None] = {}
+    for _, source, name in _first_party(module):
+        if name is not None:
+            bound.setdefault(name, (source, name))
+    tree = ast.parse(_modules()[module].read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound[node.name] = None
+        elif isinstance(node, ast.Assign):
+            bound.update({t.id: None for t in node.targets if isinstance(t, ast.Name)})
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            bound[node.target.id] = None
+    return bound
+
+
+def _origin(module: str, name: str) -> tuple[str, str]:
+    """Where ``name``, imported from ``module``, is defined (re-exports followed)."""
+    seen = set()
+    while (module, name) not in seen and module in _modules():
+        seen.add((module, name))
+        source = _bindings(module).get(name)
+        if source is None:
+            break
+        module, name = source
+    return module, name
+
+
+def _importers() -> list[str]:
+    return sorted(_modules()) + sorted(_caller_files())
+
+
+@pytest.mark.parametrize("importer", _importers())
+def test_no_import_reaches_past_a_package_init(importer: str) -> None:
+    """Outside a sealed package, only the package is imported, never one of its modules
+    (``pytest_memeval.tools.compare``, not ``pytest_memeval.tools.compare.load``); and an
+    underscore module only from its own folder. pytest_plugins and COMMANDS name plugin and
+    command modules by string, as entry points: they are not imports."""
+    bad = []
+    for line, module, _name in _first_party(importer):
+        home = _home(module)
+        patches = importer in PATCHES_A_MODULE and _name is None
+        if home is not None and module != home and not _inside(importer, home) and not patches:
+            bad.append(f"line {line}: {module} (import {home})")
+        private = [p for p in module.split(".") if p.startswith("_") and not p.startswith("__")]
+        folder = module.rsplit(".", 1)[0]
+        if private and not _inside(importer, folder):
+            bad.append(f"line {line}: {module} (a private module of {folder})")
+    assert bad == [], f"{importer} reaches into a package: {bad}"
+
+
+def test_each_name_has_one_import_path() -> None:
+    """Each first-party name is imported from one module wherever it is used (the package and
+    its tests alike): the module that defines it, or the sealed package that re-exports it.
+    Only the modules beside a name's own (in its sealed package, or else its folder) import
+    it directly, and users may also use the re-exports of :data:`USER_FACADES`."""
+    paths: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for importer in _importers():
+        for line, module, name in _first_party(importer):
+            if name is None or module in USER_FACADES:
+                continue
+            origin = _origin(module, name)
+            if _inside(importer, _siblings(origin[0])):
+                continue
+            paths.setdefault(origin, {}).setdefault(module, []).append(f"{importer}:{line}")
+    several = {
+        f"{origin[0]}.{origin[1]}": {m: sorted(where)[:3] for m, where in by.items()}
+        for origin, by in sorted(paths.items())
+        if len(by) > 1
+    }
+    assert several == {}, "names imported from several modules:\n" + "\n".join(
+        f"  {name}: {by}" for name, by in several.items()
+    )
+
+
+# ------------------------------------------------------------------------------ the import graph
+
+DOC = REPO / "docs" / "architecture.md"
+GRAPH_START = "<!-- import graph: generated by `python tests/unit/test_architecture.py` -->"
+GRAPH_END = "<!-- end of the import graph -->"
+
+
+def _unit(module: str, within: str | None = None) -> str | None:
+    """The node a module belongs to: its layer folder (``within`` None), or inside the layer
+    ``within`` its package or module there (``None``: outside that layer)."""
+    parts = module.split(".")[1:]
+    if within is None:
+        return parts[0] if _layer(module) != TOP else "top level"
+    if _layer(module) == TOP or parts[0] != within:
+        return None
+    return "/".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+def package_graph(within: str | None = None) -> list[tuple[str, str]]:
+    """The imports between layer folders (or, ``within`` a layer, between its packages and
+    modules), string imports (pytest_plugins, COMMANDS) included, as sorted edges."""
+    edges = set()
+    for module, targets in _graph().items():
+        source = _unit(module, within)
+        for target in targets:
+            dest = _unit(target, within)
+            if source and dest and source != dest:
+                edges.add((source, dest))
+    return sorted(edges)
+
+
+def _mermaid(edges: list[tuple[str, str]]) -> list[str]:
+    def key(name: str) -> str:
+        return name.replace("/", "_").replace(" ", "_")
+
+    nodes = sorted({n for edge in edges for n in edge})
+    return [
+        "```mermaid",
+        "flowchart LR",
+        *(f'  {key(n)}["{n}"]' for n in nodes),
+        *(f"  {key(a)} --> {key(b)}" for a, b in edges),
+        "```",
+    ]
+
+
+def graph_markdown() -> str:
+    """The import graph section of docs/architecture.md, between its markers."""
+    lines = [
+        GRAPH_START,
+        "",
+        "Between layer folders (an arrow: imports):",
+        "",
+        *_mermaid(package_graph()),
+        "",
+        "Inside `tools/` (its subpackages, and its single-module commands):",
+        "",
+        *_mermaid(package_graph("tools")),
+        "",
+        GRAPH_END,
+    ]
+    return "\n".join(lines)
+
+
+def test_the_documented_import_graph_is_the_codes() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    assert GRAPH_START in text and GRAPH_END in text, f"{DOC.name}: no import graph section"
+    shown = text[text.index(GRAPH_START) : text.index(GRAPH_END) + len(GRAPH_END)]
+    assert shown == graph_markdown(), (
+        "docs/architecture.md's import graph is out of date: replace its section with the "
+        "output of `python tests/unit/test_architecture.py`"
+    )
+
+
+if __name__ == "__main__":
+    print(graph_markdown())

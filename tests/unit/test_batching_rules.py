@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from pytest_memeval.decode.batches import padded_tokens
-from pytest_memeval.decode.fast import DEFAULT_ACCELERATOR_BATCH_SIZE, DEFAULT_BATCH_SIZES
-from pytest_memeval.decode.fast.rules import (
+from pytest_memeval.decode.fast import (
     ACCELERATOR,
     CPU,
+    DEFAULT_ACCELERATOR_BATCH_SIZE,
+    DEFAULT_BATCH_SIZES,
     DEFAULT_MAX_BATCH_TOKENS,
     FORWARD_MIN_FILL,
     batching_rules,

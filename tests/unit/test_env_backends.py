@@ -20,6 +20,7 @@ from pytest_memeval.env import (
     BUILTIN_BACKENDS,
     EnvSetupError,
     EnvSpec,
+    GymnasiumTextEnv,
     TerminationReason,
     TextEnv,
     describe_env,
@@ -27,7 +28,6 @@ from pytest_memeval.env import (
     parse_env_spec,
     run_episode,
 )
-from pytest_memeval.env.gym_adapter import GymnasiumTextEnv
 
 from ..envs import require_gymnasium, require_textworld, say_the_word_env, scripted, twc_spec
 

@@ -17,6 +17,7 @@ import pytest
 from pytest_memeval.env import (
     ContextLimitExceeded,
     EnvInfo,
+    GymnasiumTextEnv,
     Message,
     PolicyOutput,
     StepResult,
@@ -24,7 +25,6 @@ from pytest_memeval.env import (
     TextEnv,
     run_episode,
 )
-from pytest_memeval.env.gym_adapter import GymnasiumTextEnv
 
 from ..envs import WORDS, require_gymnasium, say_the_word_env, scripted
 

@@ -7,8 +7,14 @@ from typing import Any
 
 import pytest
 
-from pytest_memeval.env import EnvSpec, EnvSpecError, parse_env_spec, parse_seeds
-from pytest_memeval.env.spec import DEFAULT_MAX_STEPS, MAX_SEEDS
+from pytest_memeval.env import (
+    DEFAULT_MAX_STEPS,
+    MAX_SEEDS,
+    EnvSpec,
+    EnvSpecError,
+    parse_env_spec,
+    parse_seeds,
+)
 
 from ..envs import TWC_TABLE
 

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_memeval.decode.fast import Bounds
-from pytest_memeval.decode.fast.answers import AnswerIndex
-from pytest_memeval.decode.fast.logits import Checks
-from pytest_memeval.decode.fast.verify import Acceptance, accept
+from pytest_memeval.decode.fast import Acceptance, AnswerIndex, Bounds, Checks, accept
 
 STOP = 9
 BOUND = 1e-3

@@ -1,4 +1,4 @@
-"""``memeval gpu-check``'s reading of its steps and its report (tools/gpu_check_report.py),
+"""``memeval gpu-check``'s reading of its steps and its report (tools/gpu_check/report.py),
 on outputs as ``memeval bench`` prints them: the figures, the statuses (finished, differs,
 failed, cut, skipped, absent) and the Markdown, without running a step."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_memeval.tools.gpu_check_report import (
+from pytest_memeval.tools.gpu_check import (
     Report,
     Step,
     StepResult,

@@ -22,16 +22,27 @@ from pytest_memeval.core.history import (
 )
 from pytest_memeval.core.matching import ParseRules
 from pytest_memeval.core.metrics import Tally
-from pytest_memeval.core.records import RecordError, validate_metrics, validate_record
+from pytest_memeval.core.records import (
+    RecordError,
+    Rollout,
+    TurnOutput,
+    validate_metrics,
+    validate_record,
+)
 from pytest_memeval.core.recount import RecountError, recount_file, recount_run
 from pytest_memeval.core.results import load_checked_run
 from pytest_memeval.core.scoring import departure, score
-from pytest_memeval.decode import Rollout, TurnOutput
 from pytest_memeval.decode.replay import ReplayError, check_replay_history, load_replay_source
 from pytest_memeval.runtime.session import decoding_fingerprint, decoding_settings, run_dir_name
-from pytest_memeval.tools.compare import CompareError, compare_many, compare_runs, load_run
-from pytest_memeval.tools.history_compare import format_history_pair, history_pair
-from pytest_memeval.tools.known_failures import ExpectError, load_known_failures
+from pytest_memeval.tools.compare import (
+    CompareError,
+    compare_many,
+    compare_runs,
+    format_history_pair,
+    history_pair,
+    load_run,
+)
+from pytest_memeval.tools.gate import ExpectError, load_known_failures
 
 from ..runfactory import conv, make_record, with_history, write_jsonl, write_run
 

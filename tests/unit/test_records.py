@@ -1,4 +1,4 @@
-"""The results schema's one validator (core/records.py) and the readers that use it.
+"""The results schema's one validator (core/records/) and the readers that use it.
 
 ``data/demo_oracle_subset`` is a real run of the bundled demo (``pytest contracts/test_eval.py
 --ckpt oracle -k "s0001 or s0003 or s0005 or s0017"`` on CPU, its ``predictions.jsonl`` and
@@ -42,7 +42,7 @@ from pytest_memeval.core.records import Record as RecordSchema
 from pytest_memeval.core.recount import RecountError, recount_run
 from pytest_memeval.core.scoring import score
 from pytest_memeval.tools.cli import main
-from pytest_memeval.tools.known_failures import ExpectError, load_known_failures
+from pytest_memeval.tools.gate import ExpectError, load_known_failures
 
 DEMO_RUN = Path(__file__).parent / "data" / "demo_oracle_subset"
 WHERE = "preds.jsonl:3"
@@ -65,7 +65,7 @@ UNALIGNED = _demo_records()[1]  # s0003: 6 turns, a chain of 7: recorded, not sc
 
 
 # -- the schema is stated once -------------------------------------------------------------
-# Every field a TypedDict of core/records.py declares is checked by its validator: a value of
+# Every field a TypedDict of core/records/ declares is checked by its validator: a value of
 # no JSON type at all, put in any declared field (required or optional), is refused naming
 # exactly that field. A field added to a TypedDict that the validator did not check would
 # pass here unnoticed; the validators' specs are derived from the TypedDicts, so none does.

@@ -243,7 +243,7 @@ def _broken(record: dict[str, Any], how: str) -> object:
 def test_refuses_a_malformed_record_naming_file_and_line(
     tmp_path: Path, how: str, message: str
 ) -> None:
-    """Refused by the one validator (core/records.py) with file:line before the recount,
+    """Refused by the one validator (core/records/) with file:line before the recount,
     never a KeyError/TypeError from it."""
     run_dir = write(tmp_path / "run")
     predictions = run_dir / "predictions.jsonl"

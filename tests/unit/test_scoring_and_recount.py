@@ -10,10 +10,10 @@ import pytest
 from pytest_memeval.core.benchmark import parse_record
 from pytest_memeval.core.matching import ParseRules
 from pytest_memeval.core.metrics import Tally
+from pytest_memeval.core.records import Rollout, TurnOutput
 from pytest_memeval.core.recount import RecountError, recount_file, recount_run
 from pytest_memeval.core.rundir import write_json
 from pytest_memeval.core.scoring import score
-from pytest_memeval.decode import Rollout, TurnOutput
 
 from ..runfactory import conv
 

@@ -11,8 +11,7 @@ import pytest
 
 from pytest_memeval.core.stats import holm, mcnemar_exact, normal_quantile, paired_diff_interval
 from pytest_memeval.tools.cli import main
-from pytest_memeval.tools.compare import load_run
-from pytest_memeval.tools.slice_compare import compare_slices
+from pytest_memeval.tools.compare import compare_slices, load_run
 
 from ..runfactory import make_record, write_run
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_memeval.tools.gate import parse_rate
-from pytest_memeval.tools.slice_gates import (
+from pytest_memeval.tools.gate import (
     Outcome,
     SliceGates,
     evaluate_slice_gates,
     outcomes,
+    parse_rate,
     slice_limits,
     slice_warnings,
     split_values,

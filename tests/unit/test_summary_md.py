@@ -14,7 +14,7 @@ import pytest
 from pytest_memeval.tools.cli import main
 from pytest_memeval.tools.compare import compare_runs, load_run
 from pytest_memeval.tools.gate import GateCheck, GateOutcome
-from pytest_memeval.tools.summary_md import (
+from pytest_memeval.tools.report import (
     ROWS,
     TEXT_LIMIT,
     MarkdownRun,

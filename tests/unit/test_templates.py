@@ -20,16 +20,18 @@ from typing import Any
 import jinja2
 import pytest
 
-from pytest_memeval.tools import html_extras, report, templating
+from pytest_memeval.tools import report
 from pytest_memeval.tools.compare import load_run
 from pytest_memeval.tools.gate import GateCheck, GateOutcome
 from pytest_memeval.tools.report import (
+    environment,
+    render,
     render_many,
     render_report,
     scenario_detail_html,
+    static_text,
     summary_html,
 )
-from pytest_memeval.tools.templating import environment, render, static_text
 
 from ..runfactory import make_record, write_run
 
@@ -39,7 +41,9 @@ EVIL = "<script>alert('memeval')</script>\"&amp;"
 #: the same for a directory name (no "/")
 EVIL_DIR = "run<script>'\"&amp;"
 
-TEMPLATES = Path(templating.__file__).parent / "templates"
+#: the report package: its modules, templates/ and static/
+REPORT = Path(report.__file__ or "").parent
+TEMPLATES = REPORT / "templates"
 PAGES = ("one_or_two.html", "many.html", "scenario_detail.html", "summary.html")
 VOID = {"meta", "br", "input", "img", "link", "hr"}
 
@@ -269,9 +273,9 @@ def test_only_our_static_files_are_marked_safe() -> None:
             before = source[: match.start()]
             assert re.search(r'static\("[a-z]+\.(css|js)"\)\s*$', before), (path.name, before[-60:])
     # No escaping by hand left in the Python that feeds the templates.
-    for module in (report, html_extras, templating):
-        text = Path(module.__file__ or "").read_text("utf-8").replace("autoescape", "")
-        assert "escape(" not in text and "from html import" not in text, module.__name__
+    for module in sorted(REPORT.glob("*.py")):
+        text = module.read_text("utf-8").replace("autoescape", "")
+        assert "escape(" not in text and "from html import" not in text, module.name
 
 
 def test_static_files_are_inlined(hostile_runs: tuple[Path, Path, Path]) -> None:
@@ -301,8 +305,8 @@ def test_static_files_are_inlined(hostile_runs: tuple[Path, Path, Path]) -> None
 
 def test_jinja2_is_imported_only_when_a_page_is_rendered() -> None:
     """No module of the HTML path imports jinja2 at its top level (outside TYPE_CHECKING)."""
-    for module in (report, html_extras, templating):
-        tree = ast.parse(Path(module.__file__ or "").read_text("utf-8"))
+    for module in sorted(REPORT.glob("*.py")):
+        tree = ast.parse(module.read_text("utf-8"))
         top = []
         for node in tree.body:
             if isinstance(node, ast.Import):
@@ -311,5 +315,5 @@ def test_jinja2_is_imported_only_when_a_page_is_rendered() -> None:
                 top.append(node.module or "")
         assert not [name for name in top if name.split(".")[0] in ("jinja2", "markupsafe")]
     # ...and templating does, inside the function that builds the environment.
-    source = Path(templating.__file__).read_text("utf-8")
+    source = (REPORT / "templating.py").read_text("utf-8")
     assert re.search(r"def environment\(\).*?\n    import jinja2\n", source, re.S)

@@ -1,6 +1,6 @@
-"""A finished run as an experiment tracker sees it (tools/tracking/fields.py): parameters,
+"""A finished run as an experiment tracker sees it (tools/publish/tracking/fields.py): parameters,
 metrics, tags and artifacts, tracker-neutral; and the JUnit properties built from the same
-run (tools/junit.py), through their public functions."""
+run (tools/publish/junit.py), through their public functions."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from pytest_memeval.core.profiles import BenchmarkSpec, GenerationSettings, Profile
-from pytest_memeval.tools.finished import FinishedRun
 from pytest_memeval.tools.gate import GateCheck, GateOutcome
-from pytest_memeval.tools.junit import (
+from pytest_memeval.tools.publish import (
     VALUE_LIMIT,
+    FinishedRun,
     add_suite_properties,
     case_properties,
     suite_properties,
 )
-from pytest_memeval.tools.tracking.fields import (
+from pytest_memeval.tools.publish.tracking import (
     GitState,
     git_state,
     run_metrics,

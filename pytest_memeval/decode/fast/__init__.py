@@ -51,6 +51,7 @@ share: the model, the token budget, the bounds, the counters).
 
 from __future__ import annotations
 
+from pytest_memeval.decode.fast.answers import AnswerIndex
 from pytest_memeval.decode.fast.bounds import (
     KINDS,
     MANTISSA_BITS,
@@ -75,9 +76,21 @@ from pytest_memeval.decode.fast.decoder import (
     DEFAULT_MAX_BATCH_TOKENS,
     FastDecoder,
 )
+from pytest_memeval.decode.fast.exact import ExactStage
 from pytest_memeval.decode.fast.generate import GENERATE_LOGITS_BYTES, GENERATE_ROWS
-from pytest_memeval.decode.fast.plan import unsafe_generation_settings
-from pytest_memeval.decode.fast.rules import BatchingRules, batching_rules, device_kind
+from pytest_memeval.decode.fast.kvcache import CacheSlice
+from pytest_memeval.decode.fast.logits import Checks
+from pytest_memeval.decode.fast.plan import ScenarioPlan, unsafe_generation_settings
+from pytest_memeval.decode.fast.probe import probe_linear_rows
+from pytest_memeval.decode.fast.rules import (
+    ACCELERATOR,
+    CPU,
+    FORWARD_MIN_FILL,
+    BatchingRules,
+    batching_rules,
+    device_kind,
+)
+from pytest_memeval.decode.fast.shared import Shared
 from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
 from pytest_memeval.decode.fast.stored import (
     STORE_FORMAT,
@@ -86,12 +99,16 @@ from pytest_memeval.decode.fast.stored import (
     CalibrationStore,
     StoredCalibration,
 )
+from pytest_memeval.decode.fast.verify import Acceptance, Continuation, accept
 
 __all__ = [
+    "ACCELERATOR",
     "CALIBRATION_TURNS",
+    "CPU",
     "DEFAULT_ACCELERATOR_BATCH_SIZE",
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_MAX_BATCH_TOKENS",
+    "FORWARD_MIN_FILL",
     "GENERATE_LOGITS_BYTES",
     "GENERATE_ROWS",
     "KINDS",
@@ -101,23 +118,33 @@ __all__ = [
     "PRIOR_ULPS",
     "SAFETY",
     "STORE_FORMAT",
+    "Acceptance",
+    "AnswerIndex",
     "BatchingRules",
     "Bounds",
+    "CacheSlice",
     "Calibration",
     "CalibrationCacheWarning",
     "CalibrationOutcome",
     "CalibrationStore",
+    "Checks",
+    "Continuation",
     "DecodeStats",
     "Disagreement",
     "ExactMode",
+    "ExactStage",
     "FastDecoder",
     "Kind",
+    "ScenarioPlan",
+    "Shared",
     "StageSeconds",
     "StoredCalibration",
+    "accept",
     "batching_rules",
     "calibrated_bound",
     "default_margin",
     "device_kind",
+    "probe_linear_rows",
     "summarize",
     "ulp",
     "unsafe_generation_settings",

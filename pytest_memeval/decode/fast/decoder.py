@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH, history_name
-from pytest_memeval.decode._types import Rollout, TurnOutput
+from pytest_memeval.core.records import Rollout, TurnOutput
 from pytest_memeval.decode.fast.answers import AnswerIndex
 from pytest_memeval.decode.fast.bounds import Bounds, Calibration, ExactMode
 from pytest_memeval.decode.fast.calibration import (

@@ -44,7 +44,7 @@ from pytest_memeval.compat.transformers import (
     forward_parameters,
     full_attention_kv,
 )
-from pytest_memeval.decode._types import TurnOutput
+from pytest_memeval.core.records import TurnOutput
 from pytest_memeval.decode.fast.bounds import ExactMode
 from pytest_memeval.decode.fast.forward import PendingTurn
 from pytest_memeval.decode.fast.logits import logit_checks

@@ -30,7 +30,7 @@ from pytest_memeval.compat.transformers import (
     lm_forward,
     output_rows,
 )
-from pytest_memeval.decode._types import TurnOutput
+from pytest_memeval.core.records import TurnOutput
 from pytest_memeval.decode.fast.bounds import Kind
 from pytest_memeval.decode.fast.kvcache import CacheSlice
 from pytest_memeval.decode.fast.logits import Checks, LogitChecks, logit_checks

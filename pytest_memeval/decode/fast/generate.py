@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_memeval.compat.transformers import generate_with_logits, vocab_size
-from pytest_memeval.decode._types import TurnOutput
+from pytest_memeval.core.records import TurnOutput
 from pytest_memeval.decode.batches import even_batches
 from pytest_memeval.decode.fast.forward import PendingTurn
 from pytest_memeval.decode.fast.kvcache import CacheSlice, left_padded_cache

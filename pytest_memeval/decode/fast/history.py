@@ -42,7 +42,7 @@ from typing import Protocol
 
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.history import HISTORY_MODEL, fed_back
-from pytest_memeval.decode._types import Rollout, TurnOutput
+from pytest_memeval.core.records import Rollout, TurnOutput
 from pytest_memeval.decode.batches import even_batches
 from pytest_memeval.decode.fast.forward import ForwardDecisions, ForwardStage, PendingTurn
 from pytest_memeval.decode.fast.kvcache import CacheSlice

@@ -11,7 +11,7 @@ that is worth it depends on the device:
 * **Accelerator** (``cuda``, ``mps``, any device but the CPU): a pass of one short row leaves
   the device idle while padding is nearly free, so passes are filled up to the batch size
   (:data:`ACCELERATOR_BATCH_SIZE`) and the token budget alone: no fill rule, and 16-bit passes
-  stay batched. Not yet measured on a GPU: ``memeval gpu-check`` (``tools/gpu_check.py``)
+  stay batched. Not yet measured on a GPU: ``memeval gpu-check`` (``tools/gpu_check/``)
   records what the first GPU run must read to confirm or revise these two choices.
 
 :func:`batching_rules` picks the rules; :meth:`BatchingRules.plan` is the batch plan the

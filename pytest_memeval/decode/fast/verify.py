@@ -30,7 +30,7 @@ from pytest_memeval.compat.transformers import (
     forward_parameters,
     lm_forward,
 )
-from pytest_memeval.decode._types import TurnOutput
+from pytest_memeval.core.records import TurnOutput
 from pytest_memeval.decode.batches import even_batches
 from pytest_memeval.decode.fast.answers import AnswerIndex
 from pytest_memeval.decode.fast.bounds import Bounds

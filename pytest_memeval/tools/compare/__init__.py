@@ -1,0 +1,111 @@
+"""``memeval compare RUN_A RUN_B [RUN ...]``: runs side by side, with the statistics done.
+
+For each run: m1 (95% Wilson interval) and m2 (95% interval clustered by scenario) as
+count/total and percent, parse failures, unaligned scenarios. Between A and B: the m1 delta in
+percentage points with its paired interval, the *divergent* scenarios (whose turn structure,
+the number or content of the turns, differs between the two runs), the exact McNemar test on
+the scenarios whose m1 outcome differs, stated in words, the smallest m1 difference the
+comparison could detect (power), m2 compared paired by scenario over the scenarios both runs
+score on the same turns, and the flipped scenarios by name (fixed: wrong in A, right in B;
+broken: the reverse). With more than two runs, each is compared with the first (the
+baseline), the paired p-values are Holm-corrected, and a leaderboard sorts them by m1.
+Formulas and references: docs/statistics.md.
+
+Only complete runs that pass the independent recount are compared, and only over the same
+scenario ids: anything else is refused with the reason. Two different benchmark files (the
+baseline and the door-grounded variant of the same scenarios) are compared when their ids
+match, and the output says the benchmarks differ.
+
+The comparison is split by concern, one module each, handing on the typed records of
+:mod:`.types` (what ``--json`` prints): :mod:`.load` loads the runs, refuses what cannot be
+compared and labels the runs; :mod:`.scenarios` sets out what differs scenario by scenario;
+:mod:`.stats` does each run's rates and a pair's paired tests and power; :mod:`.pair` puts a
+pair together, :mod:`.board` several runs against a baseline; :mod:`.text` renders either as
+text; :mod:`.slices` compares by slice, :mod:`.history` a teacher-forced run with its
+free-running one; :mod:`.command` is the command line. This package's ``__init__`` is its
+public face: it re-exports their names, which callers and tests import from here, never from
+its modules.
+"""
+
+from __future__ import annotations
+
+from pytest_memeval.tools.compare.board import compare_many
+from pytest_memeval.tools.compare.history import HistoryPair, format_history_pair, history_pair
+from pytest_memeval.tools.compare.load import load_run
+from pytest_memeval.tools.compare.pair import compare_runs, load_pair
+from pytest_memeval.tools.compare.scenarios import turn_structure
+from pytest_memeval.tools.compare.slices import (
+    SliceComparison,
+    compare_slices,
+    format_slices,
+    run_tags,
+    slice_arguments,
+)
+from pytest_memeval.tools.compare.stats import m1_power, paired_m2, run_summary
+from pytest_memeval.tools.compare.text import (
+    fmt_ci,
+    fmt_m2_ci,
+    fmt_pp,
+    fmt_pp_ci,
+    fmt_rate,
+    format_comparison,
+    format_many,
+    m2_delta_lines,
+)
+from pytest_memeval.tools.compare.types import (
+    ALPHA,
+    POWER,
+    BoardRow,
+    CompareError,
+    Comparison,
+    Correction,
+    Divergent,
+    Flips,
+    ManyComparison,
+    McNemar,
+    PairedM2,
+    Power,
+    RunData,
+    RunSummary,
+)
+
+__all__ = [
+    "ALPHA",
+    "POWER",
+    "BoardRow",
+    "CompareError",
+    "Comparison",
+    "Correction",
+    "Divergent",
+    "Flips",
+    "HistoryPair",
+    "ManyComparison",
+    "McNemar",
+    "PairedM2",
+    "Power",
+    "RunData",
+    "RunSummary",
+    "SliceComparison",
+    "compare_many",
+    "compare_runs",
+    "compare_slices",
+    "fmt_ci",
+    "fmt_m2_ci",
+    "fmt_pp",
+    "fmt_pp_ci",
+    "fmt_rate",
+    "format_comparison",
+    "format_history_pair",
+    "format_many",
+    "format_slices",
+    "history_pair",
+    "load_pair",
+    "load_run",
+    "m1_power",
+    "m2_delta_lines",
+    "paired_m2",
+    "run_summary",
+    "run_tags",
+    "slice_arguments",
+    "turn_structure",
+]
