@@ -19,4 +19,5 @@ __all__ = ["EpisodeFailed", "check_episode", "test_episode"]
 
 def test_episode(memeval_episode: EpisodeRecord) -> None:
     """The model acted in the environment until the episode ended; it must have succeeded."""
+    __tracebackhide__ = True
     check_episode(memeval_episode)

@@ -54,6 +54,7 @@ class EnvironmentFailure(Exception):
 
 def check_episode(record: EpisodeRecord) -> None:
     """The assertion of ``test_episode``: the episode succeeded."""
+    __tracebackhide__ = True  # the failure is the episode's summary, not this frame
     if not record["success"]:
         raise EpisodeFailed(episode_from_record(record).summary())
 
