@@ -89,6 +89,16 @@ class EpisodeWorker:
         episode = self.runner.run(seed, self.policy())
         record = episode_record(self.state.spec, episode)
         item.stash[_RECORD_KEY] = record
+        # On the item's report: JUnit XML writes them as the test case's <properties>.
+        item.user_properties.extend(
+            [
+                ("memeval_seed", seed),
+                ("memeval_reason", record["reason"]),
+                ("memeval_steps", record["steps"]),
+                ("memeval_score", record["score"]),
+                ("memeval_invalid_actions", episode.invalid_actions),
+            ]
+        )
         return record
 
     @pytest.hookimpl(hookwrapper=True)

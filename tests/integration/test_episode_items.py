@@ -82,8 +82,11 @@ def test_each_seed_is_an_item_and_the_run_directory_holds_its_episode(
     require_textworld()
     extra = ", invalid_action_limit = 1"
     _write(memeval_project, _profile("twc", "0-2", extra) + 'system = "Tidy up."\n')
-    result = memeval_project.run("--ckpt", "twc", "-n", "0", "-v")
+    result = memeval_project.run("--ckpt", "twc", "-n", "0", "-v", "--junitxml=junit.xml")
     result.assert_outcomes(failed=3)
+    junit = (memeval_project.path / "junit.xml").read_text("utf-8")
+    assert junit.count('<property name="memeval_reason" value="invalid_actions"') == 3
+    assert '<property name="memeval_seed" value="2"' in junit
     for seed in range(3):
         result.stdout.fnmatch_lines([f"memeval::test_episode[[]twc-{seed}[]] FAILED*"])
     result.stdout.fnmatch_lines(
