@@ -26,6 +26,7 @@ from pytest_memeval.core.episode_records import (
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.env import EpisodeRunner
 from pytest_memeval.model.loading import load_model
+from pytest_memeval.runtime.assertions import WrongAnswer
 from pytest_memeval.runtime.devices import worker_device
 from pytest_memeval.runtime.episode_items import EpisodeState, env_maker
 from pytest_memeval.runtime.state import is_worker
@@ -44,8 +45,9 @@ WORKER_NAME = "memeval-episode-worker"
 _RECORD_KEY = pytest.StashKey[EpisodeRecord]()
 
 
-class EpisodeFailed(AssertionError):
-    """The episode ended without success (the message says how: Episode.summary())."""
+class EpisodeFailed(WrongAnswer):
+    """The episode ended without success; the message says how (``Episode.summary()``), and
+    is the one line the terminal shows for it by default (runtime/failures.py)."""
 
 
 class EnvironmentFailure(Exception):
@@ -56,7 +58,8 @@ def check_episode(record: EpisodeRecord) -> None:
     """The assertion of ``test_episode``: the episode succeeded."""
     __tracebackhide__ = True  # the failure is the episode's summary, not this frame
     if not record["success"]:
-        raise EpisodeFailed(episode_from_record(record).summary())
+        summary = episode_from_record(record).summary()
+        raise EpisodeFailed(summary, summary)
 
 
 class EpisodeWorker:

@@ -90,7 +90,7 @@ def test_each_seed_is_an_item_and_the_run_directory_holds_its_episode(
     for seed in range(3):
         result.stdout.fnmatch_lines([f"memeval::test_episode[[]twc-{seed}[]] FAILED*"])
     result.stdout.fnmatch_lines(
-        ["*EpisodeFailed: seed 0: invalid actions after 1 action(s) (1 invalid)*"]
+        ["*seed 0: invalid actions after 1 action(s) (1 invalid), score 0; last *"]
     )
     result.stdout.fnmatch_lines(["*memeval closed loop*", "*success 0/3 (0.0%*"])
     run = memeval_project.run_dir("twc")
@@ -191,6 +191,8 @@ def test_an_environment_error_is_an_error_and_resume_reruns_only_it(
         ]
     )
     first.stdout.fnmatch_lines(["*INCOMPLETE: environment error in 1 episode(s) (twc-1)*"])
+    # A failed episode is one line by default, as a wrong answer is (runtime/failures.py).
+    first.stdout.fnmatch_lines(["FAILED memeval::test_episode[[]twc-0[]] - seed 0: step limit*"])
     metrics = memeval_project.metrics("twc")
     assert not metrics["complete"] and metrics["error_ids"] == ["twc-1"]
     assert metrics["episodes"]["errors"] == 1 and metrics["episodes"]["success"]["total"] == 2
