@@ -22,13 +22,14 @@ from pytest_memeval.core.episode_records import (
     EpisodeRecord,
     EpisodeRecordError,
     EpisodeRunMetrics,
+    episode_id,
     finalize_episode_run,
     validate_episode_record,
 )
 from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.profiles import profile_to_plain
 from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY, Journal
-from pytest_memeval.runtime.episode_items import EpisodeState, episode_items
+from pytest_memeval.runtime.episode_items import SEED_FIXTURE, EpisodeState, episode_items
 
 __all__ = ["CONTROLLER_NAME", "EpisodeController", "deselect_resumed", "summary_lines"]
 
@@ -48,8 +49,8 @@ def deselect_resumed(config: pytest.Config, state: EpisodeState, items: list[pyt
 
 def _item_id(state: EpisodeState, item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
-    seed = callspec.params.get("memeval_episode_seed") if callspec is not None else None
-    return f"{state.spec.game}-{seed}" if isinstance(seed, int) else None
+    seed = callspec.params.get(SEED_FIXTURE) if callspec is not None else None
+    return episode_id(state.spec, seed) if isinstance(seed, int) else None
 
 
 class EpisodeController:
