@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_memeval import evaluation, hookspecs
+from pytest_memeval import episodes, evaluation, hookspecs
 from pytest_memeval.compat.pytest import collect_module_object
 from pytest_memeval.core.benchmark import BenchmarkError
 from pytest_memeval.core.builders import build_bundled
@@ -31,6 +31,19 @@ from pytest_memeval.model.loading import load_model
 from pytest_memeval.model.preflight import PreflightError
 from pytest_memeval.runtime.cmdline import check_worker_setup, setup_note
 from pytest_memeval.runtime.controller import MemevalController, run_dir_line
+from pytest_memeval.runtime.episode_items import (
+    EPISODE_STATE_KEY,
+    build_episode_state,
+    parametrize_episodes,
+    provide_episode_items,
+)
+from pytest_memeval.runtime.episode_run import CONTROLLER_NAME, EpisodeController, deselect_resumed
+from pytest_memeval.runtime.episode_worker import (
+    WORKER_NAME,
+    EpisodeWorker,
+    memeval_episode,
+    memeval_episode_seed,
+)
 from pytest_memeval.runtime.eval_items import PROVIDED, eval_item_count, scenario_param
 
 # The fixtures live in one module so a reader finds them by name; importing them here
@@ -278,6 +291,8 @@ def pytest_configure(config: pytest.Config) -> None:
     wi = workerinput(config)
     if wi is not None and "memeval_rootdir" in wi:
         check_worker_setup(config, wi["memeval_rootdir"], wi.get("memeval_inifile"))
+    if _configure_episodes(config, name):
+        return
     try:
         state = build_state(config, name)
     except (ProfileError, BenchmarkError, CheckpointError, PreflightError) as exc:
@@ -294,9 +309,31 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(MemevalController(config, state), "memeval-controller")
 
 
+def _configure_episodes(config: pytest.Config, name: str) -> bool:
+    """A closed-loop profile (one with ``env``): its items, worker and controller
+    (runtime/episode_items.py); ``False`` for a scenario profile."""
+    episode_state = build_episode_state(config, name)
+    if episode_state is None:
+        return False
+    config.stash[EPISODE_STATE_KEY] = episode_state
+    config.pluginmanager.register(EpisodeWorker(config, episode_state), WORKER_NAME)
+    if not is_worker(config):
+        config.pluginmanager.register(EpisodeController(config, episode_state), CONTROLLER_NAME)
+    return True
+
+
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     note = setup_note(config)
     state = config.stash.get(STATE_KEY, None)
+    episode_state = config.stash.get(EPISODE_STATE_KEY, None)
+    if episode_state is not None:
+        spec = episode_state.spec
+        return [
+            f"memeval: ckpt {episode_state.profile.name} (closed loop), {len(spec.seeds)} "
+            f"episode(s) of {spec.backend} {spec.game} ({spec.params_text or 'default'}), "
+            f"fold {spec.fold}, max_steps {spec.max_steps}, run directory "
+            f"{episode_state.run_dir}"
+        ]
     if state is None:
         return ([note] if note else []) + ["memeval: no --ckpt given, eval items will be skipped"]
     p = state.profile
@@ -332,6 +369,10 @@ def pytest_collection_modifyitems(
     compares the workers' collections): the same collected modules, and the controller's
     ``provide_items``.
     """
+    episode_state = config.stash.get(EPISODE_STATE_KEY, None)
+    if episode_state is not None:
+        provide_episode_items(session, config, items, episodes)
+        deselect_resumed(config, episode_state, items)
     state = config.stash.get(STATE_KEY, None)
     if state is None:
         return
@@ -355,6 +396,7 @@ def pytest_report_collectionfinish(
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    parametrize_episodes(metafunc)
     if "memeval_scenario" not in metafunc.fixturenames:
         return
     state = metafunc.config.stash.get(STATE_KEY, None)
@@ -437,4 +479,10 @@ def pytest_memeval_make_decoder(
     return default_decoder(config, profile, path, device, history)
 
 
-__all__ = ["memeval_decoder", "memeval_record", "memeval_scenario"]
+__all__ = [
+    "memeval_decoder",
+    "memeval_episode",
+    "memeval_episode_seed",
+    "memeval_record",
+    "memeval_scenario",
+]

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.matching import ParseRules
+from pytest_memeval.env.protocol import EnvSpecError
+from pytest_memeval.env.spec import EnvSpec, parse_env_spec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,7 +56,18 @@ __all__ = [
     "resolve_profile",
 ]
 
-_MODEL_KEYS = {"kind", "model", "adapter", "tokenizer", "benchmark", "generation", "parse"}
+_MODEL_KEYS = {
+    "kind",
+    "model",
+    "adapter",
+    "tokenizer",
+    "benchmark",
+    "generation",
+    "parse",
+    # a closed-loop profile (docs/closed-loop.md): its environment and system text
+    "env",
+    "system",
+}
 _REPLAY_KEYS = {"kind", "predictions", "benchmark", "parse"}
 _GENERATION_KEYS = {"max_new_tokens", "dtype", "attn_implementation"}
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -113,6 +126,10 @@ class Profile:
     tokenizer: Path | None = None
     #: a GGUF ``model``'s safetensors conversion (set at configure, model/gguf.py)
     converted: Path | None = None
+    #: a closed-loop profile's environment (its ``env`` table); ``None``: a scenario profile
+    env: EnvSpec | None = None
+    #: a closed-loop profile's system text (``None``: each episode's task description)
+    system: str | None = None
 
     @property
     def root(self) -> Path:
@@ -199,7 +216,11 @@ def resolve_profile(name: str, path: Path) -> Profile:
             raise ProfileError(f"{where}: {key!r} must be a path string")
         return (root / value).resolve()
 
-    benchmark = _benchmark_spec(raw.get("benchmark"), where, root)
+    env, system = _env_keys(raw, where)
+    if env is not None and raw.get("benchmark") is None:
+        benchmark = BenchmarkSpec()  # a closed-loop profile needs no scenarios
+    else:
+        benchmark = _benchmark_spec(raw.get("benchmark"), where, root)
     parse = raw.get("parse", {})
     if not isinstance(parse, dict) or set(parse) - {"final", "turn"}:
         raise ProfileError(f"{where}: 'parse' must be a table with keys 'final' and/or 'turn'")
@@ -225,7 +246,24 @@ def resolve_profile(name: str, path: Path) -> Profile:
         generation=_generation(raw.get("generation", {}), where),
         parse=rules,
         tokenizer=optional_path("tokenizer"),
+        env=env,
+        system=system,
     )
+
+
+def _env_keys(raw: Mapping[str, Any], where: str) -> tuple[EnvSpec | None, str | None]:
+    """A closed-loop profile's ``env`` table and ``system`` text (docs/closed-loop.md)."""
+    system = raw.get("system")
+    if system is not None and (not isinstance(system, str) or not system.strip()):
+        raise ProfileError(f"{where}: 'system' must be a non-empty string")
+    if "env" not in raw:
+        if system is not None:
+            raise ProfileError(f"{where}: 'system' is for a closed-loop profile (with 'env')")
+        return None, None
+    try:
+        return parse_env_spec(raw["env"]), system
+    except EnvSpecError as exc:
+        raise ProfileError(f"{where}: {exc}") from None
 
 
 def _benchmark_spec(value: Any, where: str, root: Path) -> BenchmarkSpec:
@@ -378,6 +416,8 @@ def profile_to_plain(profile: Profile) -> dict[str, Any]:
             "attn_implementation": profile.generation.attn_implementation,
         },
         "parse": {"final": profile.parse.final, "turn": profile.parse.turn},
+        "env": profile.env.as_plain() if profile.env is not None else None,
+        "system": profile.system,
     }
 
 
@@ -402,6 +442,8 @@ def profile_from_plain(data: Mapping[str, Any]) -> Profile:
         parse=ParseRules(**data["parse"]),
         tokenizer=path(data.get("tokenizer")),
         converted=path(data.get("converted")),
+        env=parse_env_spec(data["env"]) if data.get("env") is not None else None,
+        system=data.get("system"),
     )
 
 

@@ -171,6 +171,7 @@ def test_every_module_lives_in_a_layer_folder_or_is_a_thin_top_module() -> None:
     top = sorted(n for n in _modules() if _layer(n) == TOP and n != ROOT)
     assert top == [
         "pytest_memeval.__main__",
+        "pytest_memeval.episodes",
         "pytest_memeval.evaluation",
         "pytest_memeval.guard_tests",
         "pytest_memeval.hookspecs",

@@ -1,0 +1,230 @@
+"""A closed-loop run's items: ``test_episode[<game>-<seed>]``, one per seed of the profile.
+
+A profile with an ``env`` table (docs/closed-loop.md) makes the run a closed-loop run: its
+state (:class:`EpisodeState`) is built at configure, on the controller from the profiles file
+(the checkpoint checked, a GGUF converted, the environment made once and closed, so that a
+missing Java or extra is one usage error before any item), on an xdist worker from the
+controller's plain data. The items come from :mod:`pytest_memeval.episodes`, imported by a
+test module or provided by the plugin as ``memeval::test_episode[<id>]`` (as the scenario
+items are, runtime/eval_items.py); their ids are ``core/ids.param_id`` of ``<game>-<seed>``.
+The worker side (model, environment, the episode of each item) is
+:mod:`.episode_worker`; the controller side (journal, run directory, metrics) is
+:mod:`.episode_run`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from pytest_memeval.compat import installed_version
+from pytest_memeval.compat.pytest import collect_module_object
+from pytest_memeval.core.episode_records import episode_id
+from pytest_memeval.core.ids import param_id
+from pytest_memeval.core.profiles import Profile, ProfileError, profile_from_plain
+from pytest_memeval.env import EnvSetupError, EnvSpec, TextEnv, describe_env, make_env
+from pytest_memeval.model.checks import (
+    CheckpointError,
+    check_adapter_dir,
+    check_adapter_fits,
+    check_model_dir,
+    check_tokenizer_dir,
+    fingerprint_dir,
+)
+from pytest_memeval.model.gguf import prepare_profile
+from pytest_memeval.runtime.eval_items import PROVIDED, covers_project
+from pytest_memeval.runtime.session import (
+    cache_dir,
+    controller_profile,
+    decoding_fingerprint,
+    run_dir_name,
+)
+from pytest_memeval.runtime.state import workerinput
+
+__all__ = [
+    "EPISODE_STATE_KEY",
+    "SEED_FIXTURE",
+    "EpisodeState",
+    "build_episode_state",
+    "env_maker",
+    "episode_items",
+    "parametrize_episodes",
+    "provide_episode_items",
+]
+
+#: the fixture the episode items are parametrized over (its value: the seed)
+SEED_FIXTURE = "memeval_episode_seed"
+#: the packages whose version names a built-in backend in the fingerprints
+_BACKEND_DISTRIBUTIONS = {"textworld_express": "textworld-express", "gymnasium": "gymnasium"}
+
+
+@dataclass
+class EpisodeState:
+    """A closed-loop run's state (``config.stash[EPISODE_STATE_KEY]``)."""
+
+    profile: Profile
+    spec: EnvSpec
+    run_dir: Path
+    overrides: dict[str, dict[str, str | None]]
+    #: model, adapter, tokenizer, decoding and environment fingerprints (the controller's)
+    fingerprints: dict[str, Any]
+    #: what the run is of: the spec resolved and the backend's own description
+    env: dict[str, Any]
+    provide_items: bool
+    #: --memeval-resume: ids of the episodes the journal already holds (no error)
+    resume_done: set[str] = field(default_factory=set)
+
+    def ids(self) -> list[str]:
+        """Every episode id, in the order of the spec's seeds."""
+        return [episode_id(self.spec, seed) for seed in self.spec.seeds]
+
+
+EPISODE_STATE_KEY = pytest.StashKey[EpisodeState]()
+
+
+def env_maker(config: pytest.Config) -> Any:
+    """``make(spec)``: the ``pytest_memeval_make_env`` hook first, then a built-in backend."""
+
+    def plugin(spec: EnvSpec) -> TextEnv | None:
+        made: TextEnv | None = config.hook.pytest_memeval_make_env(config=config, spec=spec)
+        return made
+
+    def make(spec: EnvSpec) -> TextEnv:
+        return make_env(spec, plugin)
+
+    return make
+
+
+def _check_checkpoint(profile: Profile) -> None:
+    check_model_dir(profile.model_dir)
+    if profile.tokenizer is not None:
+        check_tokenizer_dir(profile.tokenizer)
+    if profile.adapter is not None:
+        check_adapter_dir(profile.adapter)
+        check_adapter_fits(profile.model_dir, profile.adapter)
+
+
+def _describe_setup(config: pytest.Config, spec: EnvSpec) -> dict[str, Any]:
+    """Make the environment once and close it: a missing Java, extra or game is one usage
+    error now, and the description (backend version, fold) is the fingerprint's."""
+    try:
+        env = env_maker(config)(spec)
+    except EnvSetupError as exc:
+        raise pytest.UsageError(f"memeval: the profile's env cannot be made here: {exc}") from None
+    try:
+        described = describe_env(env, spec)
+    finally:
+        env.close()
+    if "version" not in described and spec.backend in _BACKEND_DISTRIBUTIONS:
+        described["version"] = installed_version(_BACKEND_DISTRIBUTIONS[spec.backend])
+    return described
+
+
+def _fingerprints(profile: Profile, conversion: Any, env: dict[str, Any]) -> dict[str, Any]:
+    settings = {**profile.generation.as_dict(), "system": profile.system, "policy": "reference"}
+    return {
+        "model": conversion.fingerprint if conversion else fingerprint_dir(profile.model_dir),
+        "adapter": fingerprint_dir(profile.adapter) if profile.adapter else None,
+        "tokenizer": fingerprint_dir(profile.tokenizer) if profile.tokenizer else None,
+        "decoding": decoding_fingerprint(settings),
+        "env": env,
+    }
+
+
+def build_episode_state(config: pytest.Config, name: str) -> EpisodeState | None:
+    """The closed-loop state of ``--ckpt NAME``, or ``None`` when the profile has no ``env``.
+
+    Raises :class:`pytest.UsageError` for what the user must fix (profile, checkpoint, env).
+    """
+    wi = workerinput(config)
+    if wi is not None and wi.get("memeval_profile") is not None:
+        profile = profile_from_plain(wi["memeval_profile"])
+        if profile.env is None:
+            return None
+        episode = dict(wi.get("memeval_episode_state") or {})
+        return EpisodeState(
+            profile=profile,
+            spec=profile.env,
+            run_dir=Path(wi["memeval_run_dir"]),
+            overrides=dict(wi.get("memeval_overrides", {})),
+            fingerprints=dict(episode.get("fingerprints", {})),
+            env=dict(episode.get("env", {})),
+            provide_items=bool(wi.get("memeval_provide_items", False)),
+            resume_done=set(wi.get("memeval_resume_done", [])),
+        )
+    try:
+        profile, overrides = controller_profile(config, name)
+    except ProfileError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    spec = profile.env
+    if spec is None:
+        return None
+    where = f"{profile.source}: [tool.memeval.ckpt.{name}]"
+    if profile.kind != "model":
+        raise pytest.UsageError(f"{where}: 'env' needs a model profile")
+    if config.getoption("memeval_shard"):
+        # Not silently ignored: a shard of episodes has no merge yet (docs/closed-loop.md).
+        raise pytest.UsageError(f"--memeval-shard: not for a closed-loop profile yet ({where})")
+    try:
+        profile, conversion = prepare_profile(profile, cache_dir(config), _say)
+        _check_checkpoint(profile)
+    except (ProfileError, CheckpointError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    env = _describe_setup(config, spec)
+    out = config.getoption("memeval_out")
+    if out:
+        run_dir = (config.invocation_params.dir / Path(out).expanduser()).resolve()
+    else:
+        run_dir = config.rootpath / config.getini("memeval_out") / run_dir_name(name, overrides)
+    return EpisodeState(
+        profile=profile,
+        spec=spec,
+        run_dir=run_dir,
+        overrides=overrides,
+        fingerprints=_fingerprints(profile, conversion, env),
+        env=env,
+        provide_items=covers_project(config),
+    )
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def episode_items(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items parametrized over the episodes' seeds."""
+    return [i for i in items if SEED_FIXTURE in getattr(i, "fixturenames", ())]
+
+
+def provide_episode_items(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item], module: ModuleType
+) -> None:
+    """Add ``memeval::test_episode[<id>]`` from ``module`` (the public
+    :mod:`pytest_memeval.episodes`, handed in by plugin.py) where no collected module provides
+    episode items, in a run that collects the whole project (as the scenario items)."""
+    state = config.stash.get(EPISODE_STATE_KEY, None)
+    if state is None or episode_items(items) or not state.provide_items:
+        return
+    items.extend(collect_module_object(session, module, name=PROVIDED, path=config.rootpath))
+
+
+def parametrize_episodes(metafunc: pytest.Metafunc) -> None:
+    """Parametrize an episode item over the profile's seeds (skipped without one)."""
+    if SEED_FIXTURE not in metafunc.fixturenames:
+        return
+    state = metafunc.config.stash.get(EPISODE_STATE_KEY, None)
+    if state is None:
+        reason = "no closed-loop profile: episode items need --ckpt NAME whose profile has 'env'"
+        skip = pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-env")
+        metafunc.parametrize(SEED_FIXTURE, [skip], indirect=True)
+        return
+    mark = pytest.mark.memeval_eval
+    params = [
+        pytest.param(seed, id=param_id(episode_id(state.spec, seed)), marks=mark)
+        for seed in state.spec.seeds
+    ]
+    metafunc.parametrize(SEED_FIXTURE, params, indirect=True)

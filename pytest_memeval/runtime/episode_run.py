@@ -1,0 +1,176 @@
+"""The controller side of a closed-loop run: journal, run directory, metrics, summary.
+
+Each episode record reaches the controller on its item's report (runtime/episode_worker.py),
+is checked (``core/episode_records.validate_episode_record``) and appended to the run's
+``journal.jsonl`` at once; at the session's end ``predictions.jsonl`` and ``metrics.json`` are
+written atomically, the numbers counted from the file as written (the recount). A run with
+environment errors or episodes not run is *incomplete* and says which; ``--memeval-resume``
+keeps the journal's scored episodes and runs only the others (errors included), provided the
+journal is of the same checkpoint, decoding and environment (its fingerprints).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from pytest_memeval.compat.pytest import drop_report_record, report_record
+from pytest_memeval.core.episode_records import (
+    EPISODE_RECORD_KIND,
+    EpisodeRecord,
+    EpisodeRecordError,
+    EpisodeRunMetrics,
+    episode_id,
+    finalize_episode_run,
+    validate_episode_record,
+)
+from pytest_memeval.core.formatting import shown_list
+from pytest_memeval.core.profiles import profile_to_plain
+from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY, Journal
+from pytest_memeval.runtime.episode_items import SEED_FIXTURE, EpisodeState, episode_items
+
+__all__ = ["CONTROLLER_NAME", "EpisodeController", "deselect_resumed", "summary_lines"]
+
+CONTROLLER_NAME = "memeval-episode-controller"
+
+
+def deselect_resumed(config: pytest.Config, state: EpisodeState, items: list[pytest.Item]) -> None:
+    """``--memeval-resume``: leave out the episodes the journal already holds (every process
+    alike: the workers get the controller's list)."""
+    if not state.resume_done:
+        return
+    done = {i for i in episode_items(items) if _item_id(state, i) in state.resume_done}
+    if done:
+        config.hook.pytest_deselected(items=[i for i in items if i in done])
+        items[:] = [i for i in items if i not in done]
+
+
+def _item_id(state: EpisodeState, item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    seed = callspec.params.get(SEED_FIXTURE) if callspec is not None else None
+    return episode_id(state.spec, seed) if isinstance(seed, int) else None
+
+
+class EpisodeController:
+    """Collects the episode records of a run and writes its directory at the end."""
+
+    def __init__(self, config: pytest.Config, state: EpisodeState) -> None:
+        self.config = config
+        self.state = state
+        self.journal = Journal(state.run_dir / JOURNAL)
+        self.records: dict[str, EpisodeRecord] = {}
+        self.metrics: EpisodeRunMetrics | None = None
+        self.started = time.monotonic()
+        self.received = 0
+        if config.getoption("memeval_resume"):
+            self._resume()
+
+    def _header(self) -> dict[str, Any]:
+        return {JOURNAL_HEADER_KEY: 1, "kind": "episodes", "fingerprints": self.state.fingerprints}
+
+    def _resume(self) -> None:
+        header = self.journal.read_header()
+        if header is None:
+            return  # nothing to resume: a fresh run
+        if header.get("fingerprints") != self.state.fingerprints:
+            raise pytest.UsageError(
+                f"--memeval-resume: {self.journal.path} is of another checkpoint, decoding or "
+                "environment (fingerprints differ); run without --memeval-resume to start over"
+            )
+        try:
+            for lineno, _offset, data in self.journal.recover_lines():
+                record = validate_episode_record(data, f"{self.journal.path}:{lineno}")
+                self.records[record["id"]] = record
+        except (EpisodeRecordError, ValueError) as exc:
+            raise pytest.UsageError(f"--memeval-resume: {exc}") from None
+        self.state.resume_done = {i for i, r in self.records.items() if r["reason"] != "env_error"}
+
+    def pytest_configure_node(self, node: Any) -> None:
+        """The controller's resolved state, as plain data, for each xdist worker."""
+        wi = node.workerinput
+        wi["memeval_profile"] = profile_to_plain(self.state.profile)
+        wi["memeval_overrides"] = self.state.overrides
+        wi["memeval_run_dir"] = str(self.state.run_dir)
+        wi["memeval_provide_items"] = self.state.provide_items
+        wi["memeval_resume_done"] = sorted(self.state.resume_done)
+        wi["memeval_episode_state"] = {
+            "fingerprints": self.state.fingerprints,
+            "env": self.state.env,
+        }
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = report_record(report)
+        if not isinstance(data, dict) or data.get("kind") != EPISODE_RECORD_KIND:
+            return
+        record = validate_episode_record(data, f"the report of {report.nodeid}")
+        if not self.journal.is_open:
+            resuming = bool(self.config.getoption("memeval_resume"))
+            self.journal.open(truncate=not resuming, header=self._header())
+        self.journal.append(record)
+        self.records[record["id"]] = record
+        self.received += 1
+        drop_report_record(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.journal.close()
+        if not self.received:
+            return  # nothing ran: no run directory written (or rewritten)
+        self.metrics = finalize_episode_run(
+            self.state.run_dir,
+            profile=self.state.profile.name,
+            env=self.state.env,
+            fingerprints=self.state.fingerprints,
+            ids=self.state.ids(),
+            records=self.records,
+            wall_s=round(time.monotonic() - self.started, 3),
+        )
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.metrics is None:
+            return
+        terminalreporter.section("memeval closed loop")
+        for line in summary_lines(self.metrics, str(self.state.run_dir)):
+            terminalreporter.write_line(line)
+
+
+def summary_lines(metrics: EpisodeRunMetrics, run_dir: str) -> list[str]:
+    """The run's numbers in a few lines (the terminal summary)."""
+    numbers = metrics["episodes"]
+    success = numbers["success"]
+    low, high = success.get("ci95") or (None, None)
+    env = metrics["env"]
+    lines = [
+        f"{env.get('backend')} {env.get('version', '')} {env.get('game')} "
+        f"fold {env.get('fold')}: {numbers['episodes']} episode(s)",
+        f"success {success['correct']}/{success['total']} "
+        f"({_percent(success['rate'])}, 95% CI {_percent(low)}-{_percent(high)}), "
+        f"mean score {_number(numbers['mean_score'])}, "
+        f"steps {numbers['steps']['total']} (mean {_number(numbers['steps']['mean'])}), "
+        f"invalid actions {_percent(numbers['invalid_actions']['rate'])}",
+        "ended by: "
+        + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in numbers["reasons"].items() if v),
+    ]
+    if metrics["error_ids"]:
+        lines.append(
+            f"INCOMPLETE: environment error in {len(metrics['error_ids'])} episode(s) "
+            f"({shown_list(metrics['error_ids'])}); not counted against the model, rerun "
+            "them with --memeval-resume"
+        )
+    if metrics["missing"]:
+        lines.append(
+            f"incomplete: {len(metrics['missing'])} episode(s) not run "
+            f"({shown_list(metrics['missing'])})"
+        )
+    lines.append(f"run directory: {run_dir} (wall {metrics['wall_s']} s)")
+    return lines
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"

@@ -1,0 +1,210 @@
+"""Episodes as pytest items, for real: the tiny demo checkpoint acts in TextWorld Express.
+
+``pytest --ckpt NAME`` with a profile holding ``env`` runs ``test_episode[<game>-<seed>]``
+per seed; the run directory holds each episode's record and the run's numbers, recounted;
+an environment's failure is an error of the item and of the run, which ``--memeval-resume``
+completes; no JVM outlives the run (checked through an environment marker every process of
+the run inherits, the JVMs included).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_memeval.core.episode_records import read_episode_records, recount_episodes
+from pytest_memeval.env import make_env, parse_env_spec
+
+from ..conftest import ADAPTERS, BASE_MODEL, INNER_ADDOPTS, MemevalProject
+from ..envs import TWC_TABLE, require_textworld
+
+PARAMS = TWC_TABLE["params"]
+#: TOML's inline tables are one line
+ENV = f'backend = "textworld_express", game = "twc", params = "{PARAMS}", fold = "test"'
+
+
+def _profile(name: str, seeds: str, extra: str = "", adapter: str = "oracle") -> str:
+    return textwrap.dedent(
+        f"""
+        [tool.memeval.ckpt.{name}]
+        model = "{BASE_MODEL.as_posix()}"
+        adapter = "{(ADAPTERS / adapter).as_posix()}"
+        generation = {{ max_new_tokens = 6 }}
+        env = {{ {ENV}, seeds = "{seeds}", max_steps = 2{extra} }}
+        """
+    )
+
+
+def _write(project: MemevalProject, profiles: str, conftest: str = "") -> None:
+    text = f'[tool.pytest.ini_options]\naddopts = "{INNER_ADDOPTS}"\n' + profiles
+    (project.path / "pyproject.toml").write_text(text, "utf-8")
+    if conftest:
+        (project.path / "conftest.py").write_text(textwrap.dedent(conftest), "utf-8")
+
+
+@pytest.fixture
+def marker(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A value in the environment of every process of the runs (the JVMs included)."""
+    value = uuid.uuid4().hex
+    monkeypatch.setenv("MEMEVAL_TEST_RUN_MARK", value)
+    return value
+
+
+def _marked_processes(value: str) -> list[str]:
+    needle = f"MEMEVAL_TEST_RUN_MARK={value}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                found.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" "))
+        except OSError:  # ended while we looked, or not ours to read
+            continue
+    return [c.decode(errors="replace")[:120] for c in found]
+
+
+def _no_jvm_left(value: str) -> None:
+    left = [c for c in _marked_processes(value) if "java" in c]
+    assert not left, f"JVMs left after the run: {left}"
+
+
+def _trajectories(project: MemevalProject, ckpt: str) -> dict[str, Any]:
+    return {r["id"]: r["trajectory"] for r in project.predictions(ckpt)}
+
+
+def test_each_seed_is_an_item_and_the_run_directory_holds_its_episode(
+    memeval_project: MemevalProject, marker: str
+) -> None:
+    require_textworld()
+    extra = ", invalid_action_limit = 1"
+    _write(memeval_project, _profile("twc", "0-2", extra) + 'system = "Tidy up."\n')
+    result = memeval_project.run("--ckpt", "twc", "-n", "0", "-v", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=3)
+    junit = (memeval_project.path / "junit.xml").read_text("utf-8")
+    assert junit.count('<property name="memeval_reason" value="invalid_actions"') == 3
+    assert '<property name="memeval_seed" value="2"' in junit
+    for seed in range(3):
+        result.stdout.fnmatch_lines([f"memeval::test_episode[[]twc-{seed}[]] FAILED*"])
+    result.stdout.fnmatch_lines(
+        ["*seed 0: invalid actions after 1 action(s) (1 invalid), score 0; last *"]
+    )
+    result.stdout.fnmatch_lines(["*memeval closed loop*", "*success 0/3 (0.0%*"])
+    run = memeval_project.run_dir("twc")
+    records = read_episode_records(run / "predictions.jsonl")
+    assert [r["id"] for r in records] == ["twc-0", "twc-1", "twc-2"]
+    assert all(r["system"] == "Tidy up." and r["reason"] == "invalid_actions" for r in records)
+    assert all(r["steps"] == 1 and r["trajectory"][0]["valid"] is False for r in records)
+    assert "numItemsToPutAway=2" in records[0]["tags"] and "game:twc" in records[0]["tags"]
+    metrics = memeval_project.metrics("twc")
+    assert metrics["complete"] and metrics["missing"] == [] and metrics["error_ids"] == []
+    assert metrics["episodes"]["success"]["total"] == 3
+    assert metrics["episodes"]["reasons"]["invalid_actions"] == 3
+    assert metrics["slices"]["fold:test"] == metrics["episodes"]
+    assert metrics["env"]["version"] == "1.1.0" and metrics["env"]["seeds"] == [0, 1, 2]
+    assert set(metrics["fingerprints"]) == {"model", "adapter", "tokenizer", "decoding", "env"}
+    assert recount_episodes(run / "predictions.jsonl", metrics) == []
+    _no_jvm_left(marker)
+    # Environment determinism: the stored actions, replayed into a fresh environment,
+    # give the stored observations.
+    env = make_env(parse_env_spec({**TWC_TABLE, "seeds": "0-2"}))
+    try:
+        for record in records:
+            observation, _info = env.reset(record["seed"], None)
+            assert observation == record["observation"]
+            for step in record["trajectory"]:
+                assert env.step(step["action"]).observation == step["observation"]
+    finally:
+        env.close()
+
+
+def test_a_usage_error_names_what_the_env_lacks(memeval_project: MemevalProject) -> None:
+    require_textworld()
+    _write(memeval_project, _profile("bad", "0").replace('game = "twc"', 'game = "nosuch"'))
+    result = memeval_project.run("--ckpt", "bad", "-n", "0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*the profile's env cannot be made here*nosuch*"])
+    assert not memeval_project.run_dir("bad").exists()
+
+
+@pytest.mark.slow
+def test_one_checkpoint_gives_identical_trajectories_with_and_without_xdist(
+    memeval_project: MemevalProject, marker: str
+) -> None:
+    require_textworld()
+    _write(memeval_project, _profile("a", "0-3") + _profile("b", "0-3"))
+    memeval_project.run("--ckpt", "a", "-n", "0").assert_outcomes(failed=4)
+    spread = memeval_project.run("--ckpt", "b", "-n", "2")
+    spread.assert_outcomes(failed=4)
+    assert _trajectories(memeval_project, "a") == _trajectories(memeval_project, "b")
+    assert memeval_project.metrics("a")["episodes"] == memeval_project.metrics("b")["episodes"]
+    _no_jvm_left(marker)
+
+
+FAILING_ENV = """
+import os
+from pathlib import Path
+
+import pytest
+
+from pytest_memeval.env import EnvError
+from pytest_memeval.env.textworld import TextWorldExpress
+
+
+class Flaky(TextWorldExpress):
+    \"\"\"The real environment, whose step fails in seed 1 while the flag file exists.\"\"\"
+
+    def reset(self, seed, options=None):
+        self.seed = seed
+        return super().reset(seed, options)
+
+    def step(self, action):
+        if self.seed == 1 and Path(FLAG).exists():
+            raise EnvError("the simulator went away")
+        return super().step(action)
+
+
+@pytest.hookimpl
+def pytest_memeval_make_env(config, spec):
+    return Flaky(spec)
+"""
+
+
+@pytest.mark.slow
+def test_an_environment_error_is_an_error_and_resume_reruns_only_it(
+    memeval_project: MemevalProject, marker: str
+) -> None:
+    require_textworld()
+    flag = memeval_project.path / "fail-seed-1"
+    flag.write_text("", "utf-8")
+    conftest = f"FLAG = {str(flag)!r}\n" + textwrap.dedent(FAILING_ENV)
+    _write(memeval_project, _profile("twc", "0-2"), conftest)
+    first = memeval_project.run("--ckpt", "twc", "-n", "2")
+    first.assert_outcomes(failed=2, errors=1)
+    first.stdout.fnmatch_lines(
+        [
+            "*EnvironmentFailure: seed 1: env error*the simulator went away*",
+            "*ERROR memeval::test_episode[[]twc-1[]]*",
+        ]
+    )
+    first.stdout.fnmatch_lines(["*INCOMPLETE: environment error in 1 episode(s) (twc-1)*"])
+    # A failed episode is one line by default, as a wrong answer is (runtime/failures.py).
+    first.stdout.fnmatch_lines(["FAILED memeval::test_episode[[]twc-0[]] - seed 0: step limit*"])
+    metrics = memeval_project.metrics("twc")
+    assert not metrics["complete"] and metrics["error_ids"] == ["twc-1"]
+    assert metrics["episodes"]["errors"] == 1 and metrics["episodes"]["success"]["total"] == 2
+    before = _trajectories(memeval_project, "twc")
+    flag.unlink()
+    second = memeval_project.run("--ckpt", "twc", "-n", "0", "--memeval-resume", "-v")
+    second.assert_outcomes(failed=1, deselected=2)
+    second.stdout.fnmatch_lines(["*test_episode[[]twc-1[]] FAILED*"])
+    metrics = memeval_project.metrics("twc")
+    assert metrics["complete"] and metrics["episodes"]["success"]["total"] == 3
+    after = _trajectories(memeval_project, "twc")
+    assert {k: after[k] for k in ("twc-0", "twc-2")} == {k: before[k] for k in ("twc-0", "twc-2")}
+    journal = (memeval_project.run_dir("twc") / "journal.jsonl").read_text("utf-8").splitlines()
+    assert [json.loads(line).get("id") for line in journal[1:]].count("twc-1") == 2
+    _no_jvm_left(marker)
