@@ -20,8 +20,7 @@ from typing import Any, TypedDict
 
 from pytest_memeval.core.episodes import EpisodeMetrics, episode_metrics
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS, atomic_write, write_json
-from pytest_memeval.env.episode import Episode, StepRecord, TerminationReason
-from pytest_memeval.env.spec import EnvSpec
+from pytest_memeval.env import EnvSpec, Episode, StepRecord, TerminationReason
 
 __all__ = [
     "EPISODE_RECORD_KIND",

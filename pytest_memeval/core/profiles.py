@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.matching import ParseRules
-from pytest_memeval.env.protocol import EnvSpecError
-from pytest_memeval.env.spec import EnvSpec, parse_env_spec
+from pytest_memeval.env import EnvSpec, EnvSpecError, parse_env_spec
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -150,8 +150,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_memeval.env import EnvError
-from pytest_memeval.env.textworld import TextWorldExpress
+from pytest_memeval.env import EnvError, TextWorldExpress
 
 
 class Flaky(TextWorldExpress):
