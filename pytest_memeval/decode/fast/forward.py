@@ -104,9 +104,12 @@ class ProvenOutputs:
         return dataclasses.replace(out, generated=True) if generated else out
 
 
-@dataclass
+@dataclass(frozen=True)
 class PendingTurn:
-    """A turn the forward pass did not settle: greedy decoding continues from ``draft``."""
+    """A turn the forward pass did not settle: greedy decoding continues from ``draft``.
+
+    Immutable: a stage that proves more of the turn (a verification round grows its draft,
+    gives it a cut cache) hands on a new one (``dataclasses.replace``)."""
 
     #: where its output goes: row and turn of its forward pass
     row: int
@@ -143,6 +146,20 @@ class PendingTurn:
         """The tokens after those :attr:`context` holds."""
         held = 0 if self.context is None else self.context.length
         return self.tokens[held:]
+
+    @property
+    def left_truth(self) -> bool:
+        """Whether the draft ends with the model's own token (it is not a prefix of the truth:
+        an empty draft, or one that stopped at a near tie on the truth, is)."""
+        return self.draft != self.turn.expected[: len(self.draft)]
+
+    def grown_by(self, tokens: tuple[int, ...]) -> PendingTurn:
+        """This turn with ``tokens`` proven after its draft (its cache as it was)."""
+        return dataclasses.replace(self, draft=(*self.draft, *tokens), grown=True)
+
+    def cached(self, context: CacheSlice | None) -> PendingTurn:
+        """This turn continuing from ``context`` (``None``: from its full prompt)."""
+        return dataclasses.replace(self, context=context)
 
 
 @dataclass(frozen=True)
