@@ -16,6 +16,7 @@ made it so far (``history.py``).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 
@@ -273,9 +274,7 @@ class FastDecoder:
         pending = [item for held in pool for item in held.decided.pending]
         outcomes = iter(self.settle_turns(plans, pending))
         for held in pool:
-            outputs = held.decided.outputs
-            for item in held.decided.pending:
-                outputs[item.row][item.turn_no] = next(outcomes)
+            outputs = held.decided.settled(itertools.islice(outcomes, len(held.decided.pending)))
             for planned, row in zip(held.planned, outputs, strict=True):
                 results[planned.position] = self._rollout(planned.plan, row, len(held.planned))
 

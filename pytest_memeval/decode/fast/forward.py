@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -185,9 +185,17 @@ class ForwardDecisions:
     (``None`` elsewhere), and the turns left pending; the pass's cache (row ``r`` holds its
     plan's ``full`` from column 0; a free-running round continues from it, ``history.py``)."""
 
-    outputs: list[list[TurnOutput | None]]
-    pending: list[PendingTurn]
+    outputs: tuple[tuple[TurnOutput | None, ...], ...]
+    pending: tuple[PendingTurn, ...]
     cache: KVCache | None = None
+
+    def settled(self, outputs: Iterable[TurnOutput]) -> list[list[TurnOutput | None]]:
+        """Per row, every turn's output: those the pass proved, and ``outputs`` (one per
+        pending turn, in :attr:`pending`'s order) for the others; new lists."""
+        rows = [list(row) for row in self.outputs]
+        for item, output in zip(self.pending, outputs, strict=True):
+            rows[item.row][item.turn_no] = output
+        return rows
 
 
 def _own_positions(needed: Sequence[Sequence[int]], union: Sequence[int]) -> torch.Tensor:
@@ -284,7 +292,7 @@ class ForwardStage(Stage):
                         passed.cache, row, 0, len(turn.prompt.ids) + len(decided) - 1
                     )
                 pending.append(PendingTurn(row, n, turn, decided, context))
-        return ForwardDecisions(outputs, pending, passed.cache)
+        return ForwardDecisions(tuple(map(tuple, outputs)), tuple(pending), passed.cache)
 
     def teacher_forced(
         self, turn: TurnPlan, checks: Checks, column: Mapping[int, int], *, cached: bool = False

@@ -142,6 +142,8 @@ class _Held:
     rows: list[_Row]
     decided: ForwardDecisions
     pending: dict[tuple[int, int], PendingTurn]
+    #: the pending turns settled so far, by (row, turn)
+    settled: dict[tuple[int, int], TurnOutput] = field(default_factory=dict)
 
     @classmethod
     def of(cls, rows: list[_Row], decided: ForwardDecisions) -> _Held:
@@ -274,7 +276,8 @@ class FreeRunner(Stage):
                 context = CacheSlice(passed.cache, r, start, length) if length > 0 else None
                 pending.append(PendingTurn(r, n, turn, decided, context, forward_cache=False))
             rows.append(_Row(track, plan, r))
-        return self._batched(rows), ForwardDecisions(outputs, pending, passed.cache)
+        decisions = ForwardDecisions(tuple(map(tuple, outputs)), tuple(pending), passed.cache)
+        return self._batched(rows), decisions
 
     @staticmethod
     def _batched(rows: list[_Row]) -> list[_Row]:
@@ -298,7 +301,7 @@ class FreeRunner(Stage):
             plans = [row.plan for passed in held for row in passed.rows]
             outputs = self.stages.settle_turns(plans, [item for _, item in frontier])
             for (passed, item), output in zip(frontier, outputs, strict=True):
-                passed.decided.outputs[item.row][item.turn_no] = output
+                passed.settled[(item.row, item.turn_no)] = output
         for passed in held:
             for row in passed.rows:
                 self.stats.free_running_unused += len(row.plan.turns) - row.cursor
@@ -308,7 +311,7 @@ class FreeRunner(Stage):
         settled yet (returned: it is to be settled before reading on)."""
         outputs = passed.decided.outputs[row.row]
         while not row.stopped and row.cursor < len(row.plan.turns):
-            output = outputs[row.cursor]
+            output = outputs[row.cursor] or passed.settled.get((row.row, row.cursor))
             if output is None:
                 return passed.pending[(row.row, row.cursor)]
             self.stats.free_running_turns += 1
