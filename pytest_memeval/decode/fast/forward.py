@@ -149,8 +149,8 @@ class PendingTurn:
 
     @property
     def left_truth(self) -> bool:
-        """Whether the draft ends with the model's own token (it is not a prefix of the truth:
-        an empty draft, or one that stopped at a near tie on the truth, is)."""
+        """Whether the draft left the truth (ends with the model's own token); an empty
+        draft, or one stopped at a near tie while on the truth, did not."""
         return self.draft != self.turn.expected[: len(self.draft)]
 
     def grown_by(self, tokens: tuple[int, ...]) -> PendingTurn:
