@@ -9,9 +9,10 @@ in :mod:`.runtime.session`; this module only wires pytest's hooks to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
@@ -95,32 +96,68 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("memeval", "scene-memory evaluation (pytest-memeval)")
-    group.addoption(
+@dataclass(frozen=True)
+class _Option:
+    """One command-line option of the ``memeval`` group: the keywords of ``addoption``
+    (only those given: argparse's own defaults differ between an absent and a ``None``
+    keyword, e.g. ``store_true``)."""
+
+    flag: str
+    dest: str
+    help: str
+    default: object = None
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+    type: Callable[[str], object] | None = None
+    action: str | None = None
+
+    def keywords(self) -> dict[str, Any]:
+        given = {
+            "metavar": self.metavar,
+            "choices": self.choices,
+            "type": self.type,
+            "action": self.action,
+        }
+        fixed = {"dest": self.dest, "default": self.default, "help": self.help}
+        return fixed | {k: v for k, v in given.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class _Ini:
+    """One ini key: the arguments of ``parser.addini`` (``type`` only where given)."""
+
+    name: str
+    help: str
+    type: Literal["bool"] | None = None
+    default: object = None
+
+
+#: the options, in the order ``pytest --help`` lists them
+_OPTIONS: tuple[_Option, ...] = (
+    _Option(
         "--ckpt",
         dest="memeval_ckpt",
         metavar="NAME",
         default=None,
         help="checkpoint profile to evaluate ([tool.memeval.ckpt.NAME]); without it the "
         "eval items are skipped",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-out",
         dest="memeval_out",
         metavar="DIR",
         default=None,
         help="run directory (default: <memeval_out ini>/<ckpt>, i.e. runs/<ckpt>)",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-decode",
         dest="memeval_decode",
         choices=DECODE_PATHS,
         default=None,
         help="decode path: 'fast' (one teacher-forced pass per scenario, generate only where "
         "needed) or 'reference' (greedy generate per turn). Default: memeval_decode ini.",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-history",
         dest="memeval_history",
         choices=HISTORIES,
@@ -129,16 +166,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "benchmark's, teacher-forced) or 'model' (the model's own earlier predictions, "
         "free-running; the run goes to runs/<ckpt>@history-model). Default: memeval_history "
         "ini (truth).",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-resume",
         dest="memeval_resume",
         action="store_true",
         default=False,
         help="continue the run in the run directory: evaluate only the scenarios its journal "
         "lacks (refused unless benchmark, model, adapter and decoding fingerprints match)",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-gpus",
         dest="memeval_gpus",
         metavar="IDS",
@@ -146,16 +183,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="GPUs for the xdist workers, one each, e.g. 0,1,2,3 (physical ids, as nvidia-smi "
         "numbers them; 'cpu' for none). Default: CUDA_VISIBLE_DEVICES if set, else every GPU "
         "nvidia-smi lists. Devices are bound when --ckpt or this option is given.",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-workers-per-gpu",
         dest="memeval_workers_per_gpu",
         metavar="K",
         type=int,
         default=1,
         help="allow K xdist workers on each GPU (default 1: more workers than GPUs is an error)",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-gpus-per-worker",
         dest="memeval_gpus_per_worker",
         metavar="K",
@@ -163,8 +200,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=1,
         help="give each xdist worker K GPUs and load the model across them (device_map, for "
         "models larger than one GPU); workers = GPUs / K, more is an error (default 1)",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-shard",
         dest="memeval_shard",
         metavar="K/N",
@@ -172,32 +209,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="evaluate only shard K of N (1-based; contiguous slices in benchmark order, sizes "
         "differing by at most 1); the run goes to runs/<ckpt>/shard-K-of-N unless "
         "--memeval-out is given. Merge the N shard runs with 'memeval merge'.",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-model",
         dest="memeval_model",
         metavar="PATH",
         default=None,
         help="evaluate this base model (a transformers directory or a .gguf file) instead of "
         "the profile's 'model' (sweeps); the run directory and the model fingerprint follow it",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-cache-dir",
         dest="memeval_cache_dir",
         metavar="DIR",
         default=None,
         help="cache directory (GGUF conversions, downloads). Default: memeval_cache_dir ini, "
         "else $MEMEVAL_CACHE_DIR, $XDG_CACHE_HOME/pytest-memeval, ~/.cache/pytest-memeval",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-adapter",
         dest="memeval_adapter",
         metavar="DIR",
         default=None,
         help="evaluate this PEFT adapter directory instead of the profile's 'adapter' (e.g. "
         "each checkpoint-N of a training run); the run goes to runs/<ckpt>@<adapter>-<hash>",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-set",
         dest="memeval_set",
         metavar="KEY=VALUE",
@@ -206,8 +243,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="override one generation setting of the profile, e.g. generation.dtype=bfloat16 "
         "(repeatable; keys: generation.max_new_tokens, generation.dtype, "
         "generation.attn_implementation)",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-allow-overlong",
         dest="memeval_allow_overlong",
         action="store_true",
@@ -216,8 +253,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the tokenizer's model_max_length) instead of refusing the run; they are named before "
         "the run and flagged in their records and the summary. Default: "
         "memeval_allow_overlong ini.",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-slices",
         dest="memeval_slices",
         action="store_true",
@@ -225,8 +262,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="show m1 and m2 per tag (slice) of the benchmark in the memeval summary, with "
         "their intervals (metrics.json and the HTML report always have them). Default: "
         "memeval_slices ini.",
-    )
-    group.addoption(
+    ),
+    _Option(
         "--memeval-recalibrate",
         dest="memeval_recalibrate",
         action="store_true",
@@ -234,42 +271,57 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="measure the fast path's calibration again instead of reusing the one stored in "
         "the cache directory (once per run: the run's other workers reuse what it measured); "
         "the new one replaces the stored one. Default: memeval_recalibrate ini.",
-    )
-    parser.addini(
+    ),
+)
+#: the ini keys, in the order ``pytest --help`` lists them
+_INI_KEYS: tuple[_Ini, ...] = (
+    _Ini(
         "memeval_profiles",
         "TOML file holding [tool.memeval.ckpt.*] profiles (default: pyproject.toml in rootdir)",
         default=None,
-    )
-    parser.addini("memeval_out", "parent directory of run directories", default="runs")
-    parser.addini(
+    ),
+    _Ini("memeval_out", "parent directory of run directories", default="runs"),
+    _Ini(
         "memeval_cache_dir",
         "cache directory (GGUF conversions, downloads), relative to the rootdir",
         default=None,
-    )
-    parser.addini("memeval_decode", "default decode path (fast or reference)", default="fast")
-    parser.addini(
+    ),
+    _Ini("memeval_decode", "default decode path (fast or reference)", default="fast"),
+    _Ini(
         "memeval_history",
         "default history of the prompts: truth (teacher-forced) or model (free-running)",
         default="truth",
-    )
-    parser.addini(
+    ),
+    _Ini(
         "memeval_allow_overlong",
         "evaluate (and flag) scenarios longer than the model's context instead of refusing",
         type="bool",
         default=False,
-    )
-    parser.addini(
+    ),
+    _Ini(
         "memeval_recalibrate",
         "measure the fast path's calibration again on every run (never reuse a stored one)",
         type="bool",
         default=False,
-    )
-    parser.addini(
+    ),
+    _Ini(
         "memeval_slices",
         "show m1 and m2 per tag (slice) in the memeval summary",
         type="bool",
         default=False,
-    )
+    ),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("memeval", "scene-memory evaluation (pytest-memeval)")
+    for option in _OPTIONS:
+        group.addoption(option.flag, **option.keywords())
+    for ini in _INI_KEYS:
+        if ini.type is None:
+            parser.addini(ini.name, ini.help, default=ini.default)
+        else:
+            parser.addini(ini.name, ini.help, type=ini.type, default=ini.default)
 
 
 @pytest.hookimpl(trylast=True)

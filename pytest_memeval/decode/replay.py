@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, Scenario
@@ -169,6 +169,133 @@ def _turn_count_problem(prediction: Prediction, scenario: Scenario) -> str | Non
     )
 
 
+@dataclass
+class _LineReader:
+    """The lines of one predictions file as they are read: the predictions that fit the
+    benchmark, and what is wrong with the others (each problem naming file, line, scenario
+    and field), in the file's order."""
+
+    path: Path
+    benchmark: Benchmark
+    by_id: Mapping[str, Scenario]
+    problems: list[str] = field(default_factory=list)
+    predictions: dict[str, ReplayPrediction] = field(default_factory=dict)
+    first_line: dict[str, int] = field(default_factory=dict)
+    #: (line, id) of the first line with stop flags and of the first without
+    with_flags: tuple[int, str] | None = None
+    without_flags: tuple[int, str] | None = None
+    #: lines without a readable id
+    unidentified: int = 0
+    #: the lines' own ``history`` (our runs write it), with the first line saying each
+    histories: dict[str, int] = field(default_factory=dict)
+
+    def read(self, lineno: int, line: str) -> None:
+        """Check one line: its format (records.validate_prediction), then whether it fits
+        the benchmark: an unknown or repeated id is named before a field of the line."""
+        if not line.strip():
+            return
+        where = f"{self.path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            self.problems.append(f"{where}: malformed JSON ({exc.msg}, column {exc.colno})")
+            self.unidentified += 1
+            return
+        if isinstance(obj, dict) and JOURNAL_HEADER_KEY in obj:
+            return  # a journal's header line: replaying a journal is allowed
+        prediction: Prediction | None = None
+        try:
+            prediction = validate_prediction(obj, where)
+        except RecordError as exc:
+            if exc.scenario is None:  # no readable id
+                self.problems.append(str(exc))
+                self.unidentified += 1
+                return
+            sid, line_problem = exc.scenario, exc.problem
+        else:
+            sid, line_problem = prediction["id"], ""
+        where = f"{where}: scenario {sid!r}"
+        scenario = self.by_id.get(sid)
+        if scenario is None:
+            self.problems.append(
+                f"{where}: field 'id': no such scenario in {self.benchmark.source}"
+            )
+            return
+        if sid in self.first_line:
+            self.problems.append(
+                f"{where}: field 'id': the scenario appears twice (first on line "
+                f"{self.first_line[sid]})"
+            )
+            return
+        self.first_line[sid] = lineno
+        if prediction is None:
+            self.problems.append(f"{where}: {line_problem}")
+            return
+        line_history = obj.get("history") if isinstance(obj, dict) else None
+        self._take(where, lineno, prediction, scenario, line_history)
+
+    def _take(
+        self,
+        where: str,
+        lineno: int,
+        prediction: Prediction,
+        scenario: Scenario,
+        line_history: object,
+    ) -> None:
+        """Keep a well-formed line of a scenario of the benchmark, unless its history or its
+        number of turns is wrong."""
+        if line_history is not None:
+            if line_history not in HISTORIES:
+                self.problems.append(
+                    f"{where}: field 'history' must be one of {', '.join(HISTORIES)}, got "
+                    f"{line_history!r}"
+                )
+                return
+            self.histories.setdefault(str(line_history), lineno)
+        count_problem = _turn_count_problem(prediction, scenario)
+        if count_problem is not None:
+            self.problems.append(f"{where}: {count_problem}")
+            return
+        sid = prediction["id"]
+        texts = tuple(t["pred"] for t in prediction["turns"]) + (prediction["final_pred"],)
+        flags = tuple(t["stopped"] for t in prediction["turns"]) + (prediction["final_stopped"],)
+        has_flags = flags[-1] is not None
+        if has_flags and self.with_flags is None:
+            self.with_flags = (lineno, sid)
+        if not has_flags and self.without_flags is None:
+            self.without_flags = (lineno, sid)
+        stopped = tuple(bool(f) for f in flags) if has_flags else None
+        self.predictions[sid] = ReplayPrediction(texts, stopped, prediction["prompt_tail"], lineno)
+
+    def check_file(self, scope_ids: Sequence[str]) -> None:
+        """What is wrong with the file as a whole: stop flags on some lines only, a scenario
+        in ``scope_ids`` without a line, two histories."""
+        path = self.path
+        if self.with_flags is not None and self.without_flags is not None:
+            later, earlier = sorted([self.with_flags, self.without_flags], reverse=True)
+            has = "has" if later == self.with_flags else "has no"
+            self.problems.append(
+                f"{path}:{later[0]}: scenario {later[1]!r}: field 'final_stopped': this line "
+                f"{has} stop flags, line {earlier[0]} (scenario {earlier[1]!r}) does the "
+                "opposite; a predictions file carries stop flags on every line or on none "
+                "(two harnesses' files concatenated?)"
+            )
+        lacking = [sid for sid in scope_ids if sid not in self.first_line]
+        # A line whose id could not be read may be the missing scenario's: report it alone.
+        if lacking and not self.unidentified:
+            self.problems.append(
+                f"{path}: no line for {len(lacking)} scenario(s) of the benchmark "
+                f"({self.benchmark.source}): {shown_ids(lacking)}"
+            )
+        if len(self.histories) > 1:
+            (h1, l1), (h2, l2) = sorted(self.histories.items(), key=lambda kv: kv[1])[:2]
+            self.problems.append(
+                f"{path}:{l2}: field 'history': this line was predicted with history {h2}, "
+                f"line {l1} with history {h1}; a predictions file holds one history "
+                "(teacher-forced and free-running predictions concatenated?)"
+            )
+
+
 def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str]) -> ReplaySource:
     """Read and check a predictions file against ``benchmark``; raise :class:`ReplayError`.
 
@@ -178,113 +305,23 @@ def load_replay_source(path: Path, benchmark: Benchmark, scope_ids: Sequence[str
     number of turn predictions other than the scenario's assistant turns, stop flags on some
     outputs (or lines) but not others, and a scenario in ``scope_ids`` without a line.
     """
-    by_id = benchmark.by_id()
-    problems: list[str] = []
-    predictions: dict[str, ReplayPrediction] = {}
-    first_line: dict[str, int] = {}
-    # (line, id) of the first line with stop flags and of the first without.
-    with_flags: tuple[int, str] | None = None
-    without_flags: tuple[int, str] | None = None
-    unidentified = 0  # lines without a readable id
-    histories: dict[str, int] = {}  # the lines' own ``history`` (our runs write it)
     try:
         with path.open(encoding="utf-8") as fh:
             lines = list(enumerate(fh, start=1))
     except (OSError, UnicodeDecodeError) as exc:
         raise ReplayError(f"{path}: cannot read the predictions file ({exc})") from None
+    reader = _LineReader(path, benchmark, benchmark.by_id())
     for lineno, line in lines:
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{where}: malformed JSON ({exc.msg}, column {exc.colno})")
-            unidentified += 1
-            continue
-        if isinstance(obj, dict) and JOURNAL_HEADER_KEY in obj:
-            continue  # a journal's header line: replaying a journal is allowed
-        # The line's format (records.validate_prediction), then whether it fits the
-        # benchmark: an unknown or repeated id is named before a field of the line.
-        prediction: Prediction | None = None
-        try:
-            prediction = validate_prediction(obj, where)
-        except RecordError as exc:
-            if exc.scenario is None:  # no readable id
-                problems.append(str(exc))
-                unidentified += 1
-                continue
-            sid, line_problem = exc.scenario, exc.problem
-        else:
-            sid, line_problem = prediction["id"], ""
-        where = f"{where}: scenario {sid!r}"
-        scenario = by_id.get(sid)
-        if scenario is None:
-            problems.append(f"{where}: field 'id': no such scenario in {benchmark.source}")
-            continue
-        if sid in first_line:
-            problems.append(
-                f"{where}: field 'id': the scenario appears twice (first on line {first_line[sid]})"
-            )
-            continue
-        first_line[sid] = lineno
-        if prediction is None:
-            problems.append(f"{where}: {line_problem}")
-            continue
-        line_history = obj.get("history") if isinstance(obj, dict) else None
-        if line_history is not None:
-            if line_history not in HISTORIES:
-                problems.append(
-                    f"{where}: field 'history' must be one of {', '.join(HISTORIES)}, got "
-                    f"{line_history!r}"
-                )
-                continue
-            histories.setdefault(line_history, lineno)
-        count_problem = _turn_count_problem(prediction, scenario)
-        if count_problem is not None:
-            problems.append(f"{where}: {count_problem}")
-            continue
-        texts = tuple(t["pred"] for t in prediction["turns"]) + (prediction["final_pred"],)
-        flags = tuple(t["stopped"] for t in prediction["turns"]) + (prediction["final_stopped"],)
-        tail = prediction["prompt_tail"]
-        has_flags = flags[-1] is not None
-        if has_flags and with_flags is None:
-            with_flags = (lineno, sid)
-        if not has_flags and without_flags is None:
-            without_flags = (lineno, sid)
-        stopped = tuple(bool(f) for f in flags) if has_flags else None
-        predictions[sid] = ReplayPrediction(texts, stopped, tail, lineno)
-    if with_flags is not None and without_flags is not None:
-        later, earlier = sorted([with_flags, without_flags], reverse=True)
-        has = "has" if later == with_flags else "has no"
-        problems.append(
-            f"{path}:{later[0]}: scenario {later[1]!r}: field 'final_stopped': this line {has} "
-            f"stop flags, line {earlier[0]} (scenario {earlier[1]!r}) does the opposite; a "
-            "predictions file carries stop flags on every line or on none (two harnesses' "
-            "files concatenated?)"
-        )
-    lacking = [sid for sid in scope_ids if sid not in first_line]
-    # A line whose id could not be read may be the missing scenario's: report it alone.
-    if lacking and not unidentified:
-        problems.append(
-            f"{path}: no line for {len(lacking)} scenario(s) of the benchmark "
-            f"({benchmark.source}): {shown_ids(lacking)}"
-        )
-    if len(histories) > 1:
-        (h1, l1), (h2, l2) = sorted(histories.items(), key=lambda kv: kv[1])[:2]
-        problems.append(
-            f"{path}:{l2}: field 'history': this line was predicted with history {h2}, line "
-            f"{l1} with history {h1}; a predictions file holds one history (teacher-forced "
-            "and free-running predictions concatenated?)"
-        )
-    history, said_by = _source_history(path, histories)
-    if problems:
+        reader.read(lineno, line)
+    reader.check_file(scope_ids)
+    history, said_by = _source_history(path, reader.histories)
+    if reader.problems:
         raise ReplayError(
-            f"cannot replay {path}: {len(problems)} problem(s):\n  "
-            + shown_list(problems, sep="\n  ")
+            f"cannot replay {path}: {len(reader.problems)} problem(s):\n  "
+            + shown_list(reader.problems, sep="\n  ")
         )
-    flags_kind = STOP_FLAGS_ABSENT if without_flags is not None else STOP_FLAGS_PRESENT
-    return ReplaySource(path, predictions, flags_kind, history, said_by)
+    flags_kind = STOP_FLAGS_ABSENT if reader.without_flags is not None else STOP_FLAGS_PRESENT
+    return ReplaySource(path, reader.predictions, flags_kind, history, said_by)
 
 
 def _source_history(path: Path, histories: Mapping[str, int]) -> tuple[str | None, str]:

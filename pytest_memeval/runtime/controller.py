@@ -21,7 +21,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import pytest
 
@@ -73,6 +73,15 @@ def run_dir_line(run_dir: Path) -> str:
     xdist, :meth:`MemevalController.note_collected` with it), never by a session that
     evaluates nothing."""
     return f"memeval: run directory {run_dir}"
+
+
+class _Coverage(NamedTuple):
+    """The scenarios in scope at the session's end, in benchmark order: evaluated (their
+    records in the journal), selected but not evaluated, and not selected."""
+
+    done: list[str]
+    missing: list[str]
+    not_selected: list[str]
 
 
 class MemevalController:
@@ -227,86 +236,29 @@ class MemevalController:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if evaluates_nothing(session.config):
-            # Nothing was evaluated on purpose: the run directory is not this session's.
-            self.journal.close()
-            return
-        if self.state.startup_failure:
-            # A worker (or this process) could not start or load the model: the run directory
-            # keeps whatever it held (startup.py); records of scenarios evaluated before a
-            # replacement worker failed stay in this run's journal (the message says where).
-            self.journal.close()
-            return
-        if self.lock is None:
-            # No eval item was selected, or the lock was refused (another run holds the run
-            # directory): either way, nothing of this session may be written there.
+        if self._writes_nothing(session.config):
             self.journal.close()
             return
         wall = time.time() - self.started
-        scope = self.state.scope_ids
-        selected = set(self.selected) if self.selected is not None else set(scope)
-        if self.resumed is not None:
-            selected |= self.resumed.done  # deselected because the journal has them
-        done = [sid for sid in scope if sid in self.offsets]
-        missing_selected = [sid for sid in scope if sid in selected and sid not in self.offsets]
-        not_selected = [sid for sid in scope if sid not in selected]
-        if not done and not missing_selected:
+        covered = self._coverage()
+        if not covered.done and not covered.missing:
             self.journal.close()
             return  # no eval item ran or was selected (e.g. -k picked only plugin tests)
-        if self.copy_journal is not None and not self.journal.is_open and not missing_selected:
-            # --memeval-resume of the finished top-level run, nothing new to evaluate: it
-            # stays as it is.
-            taken = len(self.resumed.offsets) if self.resumed is not None else 0
-            self.notes += [
-                f"resumed: {taken} scenario(s) taken from the journal, 0 evaluated now",
-                f"nothing to resume: {self.run_dir} holds the finished run with every "
-                "selected scenario; it was left as it is",
-            ]
-            if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-                session.exitstatus = pytest.ExitCode.OK
+        if self.copy_journal is not None and not self.journal.is_open and not covered.missing:
+            self._nothing_to_resume(session)
             return
         self._begin()
         self.journal.close()
         local = self.config.pluginmanager.get_plugin("memeval-worker")
         if local is not None:  # this process decoded (no xdist): its own calibration
             self.calibrations.add(calibration_report(local.loaded_decoder))
-
-        profile = self.state.profile
-        facts = RunFacts(
-            ckpt=profile.name,
-            kind=profile.kind,
-            # A shard is never "complete": its metrics cover a slice, not the benchmark
-            # (compare and the gate refuse it); `memeval merge` makes the complete run.
-            complete=not missing_selected and not not_selected and self.state.shard is None,
-            scope={
-                "benchmark_total": len(self.state.benchmark.scenarios),
-                "in_scope": len(scope),
-                "selected": len(scope) - len(not_selected),
-                "evaluated": len(done),
-                "subset": bool(not_selected),
-                "shard": shard_scope(self.state.benchmark.ids, self.state.shard),
-                "resumed": len(self.resumed.offsets) if self.resumed is not None else 0,
-            },
-            missing=missing_selected,
-            not_selected=not_selected,
-            fingerprints=self.state.fingerprints,
-            decoding={
-                **(profile.generation.as_dict() if profile.kind == "model" else {}),
-                "path": self.state.decode_path,
-            },
-            benchmark={"source": self.state.benchmark.source},
-            wall_s=round(wall, 3),
-            timing=self.calibrations.timing(),
-            # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
-            overrides=self.state.overrides,
-            history=self.state.history,
-        )
+        facts = self._run_facts(covered, wall)
         try:
             # The journal holds the records this controller appended from the workers'
             # reports: scoring.score's Records (plain data across processes); the written
             # predictions are recounted by finalize_run.
             records = cast(
-                "Iterator[Record]", self.journal.read_at(self.offsets[sid] for sid in done)
+                "Iterator[Record]", self.journal.read_at(self.offsets[sid] for sid in covered.done)
             )
             result = finalize_run(
                 records,
@@ -323,17 +275,92 @@ class MemevalController:
         self.config.hook.pytest_memeval_run_written(
             config=self.config, run_dir=self.written, metrics=metrics
         )
-        if missing_selected and session.exitstatus in (
+        self._finish_exit_status(session, covered)
+
+    def _writes_nothing(self, config: pytest.Config) -> bool:
+        """Whether this session may write nothing to the run directory at all."""
+        if evaluates_nothing(config):
+            # Nothing was evaluated on purpose: the run directory is not this session's.
+            return True
+        if self.state.startup_failure:
+            # A worker (or this process) could not start or load the model: the run directory
+            # keeps whatever it held (startup.py); records of scenarios evaluated before a
+            # replacement worker failed stay in this run's journal (the message says where).
+            return True
+        # No eval item was selected, or the lock was refused (another run holds the run
+        # directory): either way, nothing of this session may be written there.
+        return self.lock is None
+
+    def _coverage(self) -> _Coverage:
+        """Which scenarios in scope were evaluated, selected but not evaluated, not selected."""
+        scope = self.state.scope_ids
+        selected = set(self.selected) if self.selected is not None else set(scope)
+        if self.resumed is not None:
+            selected |= self.resumed.done  # deselected because the journal has them
+        return _Coverage(
+            done=[sid for sid in scope if sid in self.offsets],
+            missing=[sid for sid in scope if sid in selected and sid not in self.offsets],
+            not_selected=[sid for sid in scope if sid not in selected],
+        )
+
+    def _nothing_to_resume(self, session: pytest.Session) -> None:
+        """--memeval-resume of the finished top-level run, nothing new to evaluate: it stays
+        as it is."""
+        taken = len(self.resumed.offsets) if self.resumed is not None else 0
+        self.notes += [
+            f"resumed: {taken} scenario(s) taken from the journal, 0 evaluated now",
+            f"nothing to resume: {self.run_dir} holds the finished run with every "
+            "selected scenario; it was left as it is",
+        ]
+        if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            session.exitstatus = pytest.ExitCode.OK
+
+    def _run_facts(self, covered: _Coverage, wall: float) -> RunFacts:
+        """What the run's metrics say about it besides the records."""
+        profile, scope = self.state.profile, self.state.scope_ids
+        return RunFacts(
+            ckpt=profile.name,
+            kind=profile.kind,
+            # A shard is never "complete": its metrics cover a slice, not the benchmark
+            # (compare and the gate refuse it); `memeval merge` makes the complete run.
+            complete=not covered.missing and not covered.not_selected and self.state.shard is None,
+            scope={
+                "benchmark_total": len(self.state.benchmark.scenarios),
+                "in_scope": len(scope),
+                "selected": len(scope) - len(covered.not_selected),
+                "evaluated": len(covered.done),
+                "subset": bool(covered.not_selected),
+                "shard": shard_scope(self.state.benchmark.ids, self.state.shard),
+                "resumed": len(self.resumed.offsets) if self.resumed is not None else 0,
+            },
+            missing=covered.missing,
+            not_selected=covered.not_selected,
+            fingerprints=self.state.fingerprints,
+            decoding={
+                **(profile.generation.as_dict() if profile.kind == "model" else {}),
+                "path": self.state.decode_path,
+            },
+            benchmark={"source": self.state.benchmark.source},
+            wall_s=round(wall, 3),
+            timing=self.calibrations.timing(),
+            # --memeval-model/--memeval-adapter/--memeval-set: what differs from the profile.
+            overrides=self.state.overrides,
+            history=self.state.history,
+        )
+
+    def _finish_exit_status(self, session: pytest.Session, covered: _Coverage) -> None:
+        """A selected scenario left unevaluated fails the session; resuming a journal that
+        already had everything succeeds (nothing to run is success)."""
+        if covered.missing and session.exitstatus in (
             pytest.ExitCode.OK,
             pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         elif (
-            not missing_selected
+            not covered.missing
             and self.resumed is not None
             and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
         ):
-            # Resuming a journal that already had everything: nothing to run is success.
             session.exitstatus = pytest.ExitCode.OK
 
     # -- terminal ------------------------------------------------------------------------

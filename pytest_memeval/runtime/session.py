@@ -14,7 +14,7 @@ import sys
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -50,7 +50,7 @@ from pytest_memeval.model.checks import (
 from pytest_memeval.model.gguf import GgufConversion, prepare_profile
 from pytest_memeval.model.preflight import OverlongReport, preflight
 from pytest_memeval.runtime.eval_items import covers_project
-from pytest_memeval.runtime.state import MemevalState, workerinput
+from pytest_memeval.runtime.state import MemevalState, MemevalWorkerInput, workerinput
 
 __all__ = [
     "DECODE_PATHS",
@@ -189,31 +189,29 @@ def controller_profile(
     )
 
 
+class _Checkpoint(NamedTuple):
+    """The profile a run evaluates, after the command line's overrides (``overrides``: what
+    they changed), and a GGUF file's conversion when there was one."""
+
+    profile: Profile
+    overrides: dict[str, dict[str, str | None]]
+    conversion: GgufConversion | None
+
+
+class _CacheUse(NamedTuple):
+    """The cache directory, the run's id, and whether the calibration is measured again."""
+
+    cache_dir: Path
+    run_id: str
+    recalibrate: bool
+
+
 def build_state(config: pytest.Config, name: str) -> MemevalState:
+    """The run's state: on the controller (or the single process) resolved from the command
+    line, the ini and the profiles file; on an xdist worker taken from the controller's
+    ``workerinput``."""
     wi = workerinput(config)
-    handed = wi.get("memeval_profile") if wi is not None else None
-    conversion: GgufConversion | None = None
-    if wi is not None and handed is not None:
-        # The controller resolved the profile (and its overrides) once: use exactly that.
-        profile = profile_from_plain(handed)
-        overrides = dict(wi.get("memeval_overrides", {}))
-    else:
-        profile, overrides = controller_profile(config, name)
-        if profile.kind == "model":
-            # A GGUF model is converted here, once, before any worker starts: the workers
-            # get the converted directory in the profile they are handed.
-            profile, conversion = prepare_profile(profile, cache_dir(config), _say)
-            check_model_dir(profile.model_dir)
-            if profile.tokenizer is not None:
-                check_tokenizer_dir(profile.tokenizer)
-            if profile.adapter is not None:
-                check_adapter_dir(profile.adapter)
-                check_adapter_fits(profile.model_dir, profile.adapter)
-        elif profile.predictions is not None and not profile.predictions.is_file():
-            raise ProfileError(
-                f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "
-                f"{profile.predictions}"
-            )
+    profile, overrides, conversion = _checkpoint(config, name, wi)
     benchmark = load_benchmark(config, profile)
     scope_ids, shard = benchmark.ids, None
     if config.getoption("memeval_shard"):
@@ -230,23 +228,8 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
     history = _history(config)
     if replay_source is not None:
         check_replay_history(replay_source, history)
-    out = config.getoption("memeval_out")
-    if wi is not None and wi.get("memeval_run_dir"):
-        run_dir = Path(wi["memeval_run_dir"])
-    elif out:
-        run_dir = _cli_path(config, out) or Path(out).resolve()
-    else:
-        run_dir = (
-            config.rootpath / config.getini("memeval_out") / run_dir_name(name, overrides, history)
-        )
-        if shard is not None:
-            run_dir = run_dir / shard_dir_name(*shard)
-    if wi is not None and wi.get("memeval_decode_path"):
-        decode = str(wi["memeval_decode_path"])
-    else:
-        decode = config.getoption("memeval_decode") or config.getini("memeval_decode")
-    if decode not in (*DECODE_PATHS, "replay"):
-        raise pytest.UsageError(f"memeval_decode must be one of {DECODE_PATHS}, got {decode!r}")
+    run_dir = _run_dir(config, wi, run_dir_name(name, overrides, history), shard)
+    decode = _decode_path(config, wi)
     if wi is not None and wi.get("memeval_benchmark_fingerprint") not in (
         None,
         benchmark.fingerprint,
@@ -266,20 +249,13 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         if wi is not None
         else _fingerprints(profile, benchmark, conversion, history)
     )
-    if wi is not None and wi.get("memeval_cache_dir"):
-        cache, run_id = Path(wi["memeval_cache_dir"]), str(wi.get("memeval_run_id", ""))
-        recalibrate = bool(wi.get("memeval_recalibrate", False))
-    else:
-        cache, run_id = cache_dir(config), uuid.uuid4().hex
-        recalibrate = config.getoption("memeval_recalibrate") or bool(
-            config.getini("memeval_recalibrate")
-        )
+    cache = _cache_use(config, wi)
     return MemevalState(
         profile=profile,
         benchmark=benchmark,
         scope_ids=scope_ids,
         run_dir=run_dir,
-        decode_path="replay" if profile.kind == "replay" else str(decode),
+        decode_path="replay" if profile.kind == "replay" else decode,
         fingerprints=fingerprints,
         shard=shard,
         overrides=overrides,
@@ -287,15 +263,85 @@ def build_state(config: pytest.Config, name: str) -> MemevalState:
         replay_source=replay_source,
         gguf=conversion.describe() if conversion is not None else None,
         history=history,
-        cache_dir=cache,
-        run_id=run_id,
-        recalibrate=bool(recalibrate),
+        cache_dir=cache.cache_dir,
+        run_id=cache.run_id,
+        recalibrate=cache.recalibrate,
         provide_items=(
             bool(wi.get("memeval_provide_items", False))
             if wi is not None
             else covers_project(config)
         ),
     )
+
+
+def _checkpoint(config: pytest.Config, name: str, wi: MemevalWorkerInput | None) -> _Checkpoint:
+    """The profile: on a worker, exactly the one the controller resolved; else resolved and
+    overridden here, a GGUF model converted and the checkpoint's files checked."""
+    handed = wi.get("memeval_profile") if wi is not None else None
+    if wi is not None and handed is not None:
+        # The controller resolved the profile (and its overrides) once: use exactly that.
+        return _Checkpoint(profile_from_plain(handed), dict(wi.get("memeval_overrides", {})), None)
+    profile, overrides = controller_profile(config, name)
+    conversion: GgufConversion | None = None
+    if profile.kind == "model":
+        # A GGUF model is converted here, once, before any worker starts: the workers
+        # get the converted directory in the profile they are handed.
+        profile, conversion = prepare_profile(profile, cache_dir(config), _say)
+        check_model_dir(profile.model_dir)
+        if profile.tokenizer is not None:
+            check_tokenizer_dir(profile.tokenizer)
+        if profile.adapter is not None:
+            check_adapter_dir(profile.adapter)
+            check_adapter_fits(profile.model_dir, profile.adapter)
+    elif profile.predictions is not None and not profile.predictions.is_file():
+        raise ProfileError(
+            f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "
+            f"{profile.predictions}"
+        )
+    return _Checkpoint(profile, overrides, conversion)
+
+
+def _run_dir(
+    config: pytest.Config,
+    wi: MemevalWorkerInput | None,
+    dir_name: str,
+    shard: tuple[int, int] | None,
+) -> Path:
+    """The run directory: the controller's on a worker, else ``--memeval-out``, else
+    ``dir_name`` (:func:`run_dir_name`) under the ``memeval_out`` ini (a shard's below it)."""
+    out = config.getoption("memeval_out")
+    if wi is not None and wi.get("memeval_run_dir"):
+        return Path(wi["memeval_run_dir"])
+    if out:
+        return _cli_path(config, out) or Path(out).resolve()
+    run_dir: Path = config.rootpath / config.getini("memeval_out") / dir_name
+    return run_dir / shard_dir_name(*shard) if shard is not None else run_dir
+
+
+def _decode_path(config: pytest.Config, wi: MemevalWorkerInput | None) -> str:
+    """The decode path: the controller's on a worker, else ``--memeval-decode`` or the ini."""
+    if wi is not None and wi.get("memeval_decode_path"):
+        decode = str(wi["memeval_decode_path"])
+    else:
+        decode = config.getoption("memeval_decode") or config.getini("memeval_decode")
+    if decode not in (*DECODE_PATHS, "replay"):
+        raise pytest.UsageError(f"memeval_decode must be one of {DECODE_PATHS}, got {decode!r}")
+    return str(decode)
+
+
+def _cache_use(config: pytest.Config, wi: MemevalWorkerInput | None) -> _CacheUse:
+    """The controller's cache directory, run id and recalibration on a worker; else the
+    resolved cache directory, a new run id, and ``--memeval-recalibrate`` or the ini."""
+    if wi is not None and wi.get("memeval_cache_dir"):
+        return _CacheUse(
+            Path(wi["memeval_cache_dir"]),
+            str(wi.get("memeval_run_id", "")),
+            bool(wi.get("memeval_recalibrate", False)),
+        )
+    recalibrate = config.getoption("memeval_recalibrate") or bool(
+        config.getini("memeval_recalibrate")
+    )
+    return _CacheUse(cache_dir(config), uuid.uuid4().hex, bool(recalibrate))
 
 
 def _history(config: pytest.Config) -> str:

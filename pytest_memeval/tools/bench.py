@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pytest_memeval.compat.attention import switched_attention
 from pytest_memeval.core.benchmark import BenchmarkError, Scenario, load_jsonl
@@ -53,18 +53,19 @@ from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
 from pytest_memeval.core.records import Rollout
 from pytest_memeval.decode.fast import (
     DEFAULT_MAX_BATCH_TOKENS,
-    KINDS,
     CalibrationStore,
-    DecodeStats,
     FastDecoder,
-    Kind,
-    summarize,
 )
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.checks import CheckpointError, fingerprint_dir
 from pytest_memeval.model.gguf import GgufConversion, prepare_profile
 from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.prompts import conversation_ids
+from pytest_memeval.tools.bench_text import (
+    describe_calibration,
+    describe_disagreement,
+    describe_stats,
+)
 
 __all__ = ["cli_arguments", "cli_main"]
 
@@ -72,7 +73,15 @@ DEFAULT_TURNS = "10,20,40"
 
 
 def cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``memeval bench``."""
+    """Options of ``memeval bench``, in the order ``--help`` lists them."""
+    _scenario_arguments(parser)
+    _fast_arguments(parser)
+    _growth_arguments(parser)
+    _run_arguments(parser)
+
+
+def _scenario_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is decoded: the profile, its benchmark, how many scenarios."""
     parser.add_argument(
         "--profile",
         default="oracle",
@@ -95,6 +104,10 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         "whose builder comes from a pytest plugin)",
     )
     parser.add_argument("-n", "--limit", type=int, default=None, help="only the first N scenarios")
+
+
+def _fast_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the fast path batches and bounds its decisions."""
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -113,6 +126,10 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="top-1/top-2 logit margin below which the fast path generates (default: by dtype)",
     )
+
+
+def _growth_arguments(parser: argparse.ArgumentParser) -> None:
+    """The growth table: generated scenarios of several turn counts."""
     parser.add_argument(
         "--turns",
         default=DEFAULT_TURNS,
@@ -136,6 +153,10 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         help="which generated data set the growth table decodes (default: oracle when the "
         "profile's builder has an init_state_manifest, else baseline)",
     )
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the model runs (dtype, device, threads, history) and where its cache is."""
     parser.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
@@ -232,87 +253,6 @@ def _run_fast(decoder: FastDecoder, scenarios: Sequence[Scenario]) -> Timing:
     return Timing(time.perf_counter() - started, rollouts)
 
 
-def _describe_stats(stats: DecodeStats) -> str:
-    parts = [f"{stats.teacher_forced} teacher-forced", f"{stats.generated} generated"]
-    detail = [
-        f"{count} {label}"
-        for count, label in (
-            (stats.generated_mismatch, "not the truth"),
-            (stats.generated_near_tie, "near tie"),
-            (stats.generated_no_truth, "no truth to check"),
-            (stats.generated_reference_rerun, "re-decided by the reference call"),
-            (stats.generated_without_cache, "without cache reuse"),
-        )
-        if count
-    ]
-    text = ", ".join(parts)
-    if detail:
-        text += " (" + ", ".join(detail) + ")"
-    if stats.calibration_turns:
-        text += f"; {stats.calibration_turns} also run by the reference call to calibrate"
-    if stats.forward_only:
-        text += f"; {stats.forward_only} wrong turns settled by the forward pass alone"
-    if stats.draft_tokens:
-        text += f"; {stats.draft_tokens} tokens taken from the truth as a draft"
-    if stats.verify_passes:
-        text += (
-            f"; {stats.verified} generated turns settled by the verification pass "
-            f"({stats.verify_passes} passes, {stats.verify_tokens} tokens accepted), "
-            f"{stats.generate_turns} left to generate ({stats.generate_grown_drafts} "
-            "from a draft the pass made longer)"
-        )
-    if stats.exact_turns or stats.exact_cached_turns:
-        text += (
-            f"; exact steps: {stats.exact_cached_turns} generated turns settled from the "
-            f"forward pass's cache, {stats.exact_turns} from the reference's own prefill "
-            f"({stats.exact_cached_near_tie} of them after a near tie from the cache); "
-            f"{stats.exact_steps} batched steps, {stats.exact_tokens} tokens"
-        )
-    if stats.reference_scenarios:
-        text += f"; {stats.reference_scenarios} scenarios on the reference path"
-    if stats.free_running_rounds:
-        text += (
-            f"; free-running: {stats.free_running_rounds} rounds, {stats.free_running_turns} "
-            f"turns accepted, {stats.free_running_cached_passes} passes from a cached prefix, "
-            f"{stats.free_running_unused} planned turns past a departure"
-        )
-    return text
-
-
-def _describe_disagreement(fast: FastDecoder) -> list[str]:
-    """What the calibration measured and the bounds it set, one line per kind."""
-    labels: dict[Kind, str] = {
-        "first": "first answer token (forward pass vs generate's prefill)",
-        "step": "later answer tokens (forward pass vs generate's cached steps)",
-        "generate": "fast generate (cropped cache, batched) vs the reference call",
-        "verify": "verification pass (cached multi-token forward) vs the reference call",
-        "row_step": "exact steps from the forward pass's cache vs the reference call",
-    }
-    assert set(labels) == set(KINDS)
-    bounds = fast.bounds
-    lines = ["  logit disagreement with the reference computation, max |delta| per position:"]
-    for kind, label in labels.items():
-        measured = bounds.disagreement(kind)
-        top, p99 = summarize(measured.absolute)
-        top_ulps, p99_ulps = summarize(measured.ulps)
-        # 16-bit: ulps say more than fp32 units
-        shown = (
-            (
-                f"max {top:.3g} ({top_ulps:.2g} ulp), p99 {p99:.3g} ({p99_ulps:.2g} ulp)"
-                if bounds.relative
-                else f"max {top:.3g}, p99 {p99:.3g}"
-            )
-            + f" over {len(measured.absolute)} positions"
-            if measured.absolute
-            else "not measured"
-        )
-        bound = f"{bounds.absolute[kind]:.3g}"
-        if bounds.ulps[kind]:
-            bound = f"{bounds.ulps[kind]:g} ulp of the top logit"
-        lines.append(f"    {label}: {shown}; bound {bound}")
-    return lines
-
-
 @dataclass
 class Comparison:
     """Both paths on one set of scenarios: their timings, the fast decoder (its statistics
@@ -357,26 +297,6 @@ def _store(
     if profile.tokenizer is not None:
         weights["tokenizer"] = fingerprint_dir(profile.tokenizer)
     return CalibrationStore(cache, weights, run=uuid.uuid4().hex, fresh=args.recalibrate)
-
-
-def _describe_calibration(fast: FastDecoder, fast_seconds: float, reference: float) -> str:
-    """Whether the calibration was measured or reused, and the fast time apart from it."""
-    outcome = fast.calibration_outcome
-    if outcome is None:
-        return "calibration: none (a fixed margin)" if fast.bounds.fixed else "calibration: none"
-    stored = "not stored" if outcome.entry is None else f"stored in {outcome.entry}"
-    if outcome.source == "measured":
-        how = f"measured now, {outcome.seconds:.2f} s ({outcome.stored.calibration.turns} turns)"
-    else:
-        how = (
-            f"reused (measured {outcome.stored.created}, {outcome.stored.seconds:.2f} s then; "
-            "--recalibrate to measure it again)"
-        )
-    apart = fast_seconds - outcome.seconds
-    return (
-        f"calibration: {how}, {stored}\n"
-        f"fast without calibration: {apart:8.2f} s  ({reference / apart:.1f}x the reference)"
-    )
 
 
 def _compare(
@@ -487,23 +407,96 @@ def _growth(
     return lines, identical
 
 
+class _Refused(Exception):
+    """Bad input to ``memeval bench``: its message, exit status 2."""
+
+
+class _Inputs(NamedTuple):
+    """What a bench decodes: the profile (a GGUF model's converted), its scenarios, and the
+    calibration store a pytest run of it uses."""
+
+    profile: Profile
+    scenarios: list[Scenario]
+    store: CalibrationStore
+
+
+def _inputs(args: argparse.Namespace) -> _Inputs:
+    """The profile, scenarios and store of ``args``; :class:`_Refused` (or the error of
+    the profile, benchmark, checkpoint or file that is wrong) otherwise."""
+    profile = resolve_profile(args.profile, args.profiles.resolve())
+    if profile.kind != "model" or profile.model is None:
+        raise _Refused(f"profile {args.profile!r} has no model to decode with")
+    scenarios = _scenarios(args, profile)
+    # A GGUF model: its safetensors conversion, made once (model/gguf.py).
+    cache = resolve_cache_dir(args.cache_dir.resolve() if args.cache_dir else None)
+    profile, conversion = prepare_profile(profile, cache, print)
+    store = _store(args, cache, profile, conversion)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise _Refused("--limit must be >= 1")
+        scenarios = scenarios[: args.limit]
+    return _Inputs(profile, scenarios, store)
+
+
+def _print_main_run(
+    loaded: LoadedModel, scenarios: Sequence[Scenario], run: Comparison, device: str
+) -> None:
+    """Both paths' times on the profile's scenarios, what the fast path decided how, where
+    its time went, its calibration, the floor and (on CUDA) the peak memory."""
+    import torch
+
+    n = len(scenarios)
+    ref, fst, fast = run.reference, run.fast, run.decoder
+    # Right-aligned as "{:8.2f} scenarios/s" was: the two lines' columns line up.
+    print(f"reference: {ref.seconds:8.2f} s  {per_second(ref.per_s(n)):>20}")
+    print(
+        f"fast:      {fst.seconds:8.2f} s  {per_second(fst.per_s(n)):>20}  "
+        f"(batch {fast.rows_per_pass}, "
+        + (
+            "margin in ulps of the top logit, below"
+            if fast.bounds.relative
+            else f"margin {fast.bounds.smallest:g}"
+        )
+        + ")"
+    )
+    print(f"  turns: {describe_stats(fast.stats)}")
+    handed, turns = fast.stats.handed_to_reference, fast.stats.turns
+    print(
+        f"  handed to the reference call: {handed} of {turns} turns "
+        f"({percent(handed / max(1, turns), decimals=1)})"
+    )
+    print(f"  exact mode: {fast.stats.exact_mode}")
+    for line in describe_disagreement(fast):
+        print(line)
+    seconds = fast.seconds
+    print(
+        f"  seconds: {seconds.prompts:.2f} building prompts (shared with the reference path), "
+        f"{seconds.forward:.2f} forward passes, {seconds.verify:.2f} verification passes, "
+        f"{seconds.generate:.2f} generate, {seconds.exact:.2f} exact steps, "
+        f"{seconds.calibration:.2f} calibration"
+    )
+    print(describe_calibration(fast, fst.seconds, ref.seconds))
+    floor = _floor(loaded, scenarios, fast.forward_attention)
+    print(
+        f"floor:     {floor:8.2f} s  one forward pass over every scenario's conversation "
+        f"(no generation); fast path {fst.seconds / floor:.1f}x the floor"
+        + (
+            f" ({(fst.seconds - fast.seconds.calibration) / floor:.1f}x without the calibration)"
+            if fast.seconds.calibration
+            else ""
+        )
+    )
+    if device != "cpu" and torch.cuda.is_available() and device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated(torch.device(device)) / 2**30
+        print(f"  peak accelerator memory: {peak:.2f} GiB (torch.cuda.max_memory_allocated)")
+
+
 def cli_main(args: argparse.Namespace) -> int:
     """Run the benchmark; see the module docstring."""
     try:
-        profile = resolve_profile(args.profile, args.profiles.resolve())
-        if profile.kind != "model" or profile.model is None:
-            return _fail(f"profile {args.profile!r} has no model to decode with")
-        scenarios = _scenarios(args, profile)
-        # A GGUF model: its safetensors conversion, made once (model/gguf.py).
-        cache = resolve_cache_dir(args.cache_dir.resolve() if args.cache_dir else None)
-        profile, conversion = prepare_profile(profile, cache, print)
-        store = _store(args, cache, profile, conversion)
-    except (ProfileError, BenchmarkError, CheckpointError, OSError) as exc:
+        profile, scenarios, store = _inputs(args)
+    except (ProfileError, BenchmarkError, CheckpointError, OSError, _Refused) as exc:
         return _fail(str(exc))
-    if args.limit is not None:
-        if args.limit < 1:
-            return _fail("--limit must be >= 1")
-        scenarios = scenarios[: args.limit]
     # Deferred: torch takes seconds; `memeval --help` and the other commands never need it.
     import torch
 
@@ -522,69 +515,27 @@ def cli_main(args: argparse.Namespace) -> int:
     except CheckpointError as exc:
         return _fail(str(exc))
     max_new = settings.max_new_tokens
-    n = len(scenarios)
     n_turns = sum(len(s.assistant_indices) for s in scenarios)
     print(
-        f"memeval bench: profile {profile.name}, {n} scenarios, {n_turns} assistant turns, "
-        f"{_tokens(loaded, scenarios)} tokens; {loaded.dtype}, {settings.attn_implementation} "
-        f"attention, adapter {profile.adapter or 'none'}, max_new_tokens {max_new}, "
-        f"{args.device}, {torch.get_num_threads()} torch threads; history "
-        f"{describe_history(args.history)}"
+        f"memeval bench: profile {profile.name}, {len(scenarios)} scenarios, {n_turns} "
+        f"assistant turns, {_tokens(loaded, scenarios)} tokens; {loaded.dtype}, "
+        f"{settings.attn_implementation} attention, adapter {profile.adapter or 'none'}, "
+        f"max_new_tokens {max_new}, {args.device}, {torch.get_num_threads()} torch threads; "
+        f"history {describe_history(args.history)}"
     )
     run = _compare(loaded, scenarios, args, max_new, store=store)
-    ref, fst, fast, differ = run.reference, run.fast, run.decoder, run.differ
-    # Right-aligned as "{:8.2f} scenarios/s" was: the two lines' columns line up.
-    print(f"reference: {ref.seconds:8.2f} s  {per_second(ref.per_s(n)):>20}")
-    print(
-        f"fast:      {fst.seconds:8.2f} s  {per_second(fst.per_s(n)):>20}  "
-        f"(batch {fast.rows_per_pass}, "
-        + (
-            "margin in ulps of the top logit, below"
-            if fast.bounds.relative
-            else f"margin {fast.bounds.smallest:g}"
-        )
-        + ")"
-    )
-    print(f"  turns: {_describe_stats(fast.stats)}")
-    handed, turns = fast.stats.handed_to_reference, fast.stats.turns
-    print(
-        f"  handed to the reference call: {handed} of {turns} turns "
-        f"({percent(handed / max(1, turns), decimals=1)})"
-    )
-    print(f"  exact mode: {fast.stats.exact_mode}")
-    for line in _describe_disagreement(fast):
-        print(line)
-    seconds = fast.seconds
-    print(
-        f"  seconds: {seconds.prompts:.2f} building prompts (shared with the reference path), "
-        f"{seconds.forward:.2f} forward passes, {seconds.verify:.2f} verification passes, "
-        f"{seconds.generate:.2f} generate, {seconds.exact:.2f} exact steps, "
-        f"{seconds.calibration:.2f} calibration"
-    )
-    print(_describe_calibration(fast, fst.seconds, ref.seconds))
-    floor = _floor(loaded, scenarios, fast.forward_attention)
-    print(
-        f"floor:     {floor:8.2f} s  one forward pass over every scenario's conversation "
-        f"(no generation); fast path {fst.seconds / floor:.1f}x the floor"
-        + (
-            f" ({(fst.seconds - fast.seconds.calibration) / floor:.1f}x without the calibration)"
-            if fast.seconds.calibration
-            else ""
-        )
-    )
-    if args.device != "cpu" and torch.cuda.is_available() and args.device.startswith("cuda"):
-        peak = torch.cuda.max_memory_allocated(torch.device(args.device)) / 2**30
-        print(f"  peak accelerator memory: {peak:.2f} GiB (torch.cuda.max_memory_allocated)")
-    if differ:
-        print(f"predictions differ in {len(differ)} scenarios: {shown_list(differ)}")
+    _print_main_run(loaded, scenarios, run, args.device)
+    if run.differ:
+        print(f"predictions differ in {len(run.differ)} scenarios: {shown_list(run.differ)}")
     try:
-        growth, growth_identical = _growth(loaded, args, profile, max_new, fast)
+        growth, growth_identical = _growth(loaded, args, profile, max_new, run.decoder)
     except subprocess.CalledProcessError as exc:
         return _fail(f"generating the growth benchmarks failed ({exc}); try --turns ''")
     for line in growth:
         print(line)
-    identical = not differ and growth_identical
-    ratio = ref.seconds / fst.seconds if fst.seconds > 0 else float("inf")
+    identical = not run.differ and growth_identical
+    ref_s, fast_s = run.reference.seconds, run.fast.seconds
+    ratio = ref_s / fast_s if fast_s > 0 else float("inf")
     verdict = "yes" if identical else "no"
     print(f"fast/reference speedup: {ratio:.1f}x, predictions identical: {verdict}")
     return 0 if identical else 1

@@ -227,7 +227,7 @@ def test_exact_stage_gives_the_reference_calls_logits_bit_for_bit(
     if not probe.on:
         pytest.skip(f"batch-variant kernels for every row count here: {probe.reason}")
     stage = ExactStage(Shared.new(loaded, MAX_NEW, FastDecoder(loaded, MAX_NEW).bounds))
-    assert stage.unavailable() is None
+    assert stage.unavailable is None
     prompts = [
         p.ids
         for s in scenarios_of(val_records(family, 2))

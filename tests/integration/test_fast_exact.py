@@ -74,7 +74,7 @@ def _check_exact_steps(loaded: LoadedModel, probe: ExactMode) -> None:
     references = [reference_steps(loaded, p, MAX_NEW, keep_prompt_cache=True) for p in prompts]
     assert all(r.prompt_cache is not None for r in references)
     stage = ExactStage(Shared.new(loaded, MAX_NEW, FastDecoder(loaded, MAX_NEW).bounds))
-    assert stage.unavailable() is None
+    assert stage.unavailable is None
     mode = replace(probe, rows=min(probe.rows, 8))
     turns = stage.decode(prompts, mode, keep_logits=True)
     steps = 0

@@ -95,10 +95,10 @@ def test_one_row_with_segment_attention_computes_what_padded_rows_compute(
         for n, p in enumerate(prompts[: 2 + row * 2])
     ]
     one_row = FastDecoder(demo, MAX_NEW).verifier
-    assert one_row.segments_unavailable() is None
+    assert one_row.segments_unavailable is None
     flat = one_row.packed_pass(rows)
     padded = FastDecoder(demo, MAX_NEW).verifier
-    monkeypatch.setattr(padded, "_segments_unavailable", "forced off for the comparison")
+    monkeypatch.setattr(padded, "segments_unavailable", "forced off for the comparison")
     by_rows = padded.packed_pass(rows)
     monkeypatch.setattr(segments, "_plain", lambda kwargs: False)
     own = one_row.packed_pass(rows)

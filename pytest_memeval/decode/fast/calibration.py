@@ -254,7 +254,7 @@ class Calibrator(Stage):
 
         assert self.exact is not None
         probe = probe_linear_rows(self.loaded.model)
-        why = self.exact.unavailable() if probe.on else None
+        why = self.exact.unavailable if probe.on else None
         if not probe.on or why is not None:
             return probe if why is None else probe.off(why)
         if not prompts:

@@ -16,8 +16,9 @@ made it so far (``history.py``).
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.history import HISTORY_MODEL, HISTORY_TRUTH, history_name
@@ -39,7 +40,7 @@ from pytest_memeval.decode.fast.forward import (
     forward_attention_for,
 )
 from pytest_memeval.decode.fast.generate import Generator
-from pytest_memeval.decode.fast.history import FreeRunner
+from pytest_memeval.decode.fast.history import FreeRunner, RoundStages
 from pytest_memeval.decode.fast.plan import Planner, ReferenceOnly, ScenarioPlan
 from pytest_memeval.decode.fast.pool import HeldBatch, Planned, Pool
 from pytest_memeval.decode.fast.rules import (
@@ -166,7 +167,20 @@ class FastDecoder:
             verifier=self.verifier,
             exact=self.exact if self.exact_allowed else None,
         )
-        self.free_runner = FreeRunner(shared, self)
+        self.free_runner = FreeRunner(
+            shared,
+            RoundStages(
+                self.planner,
+                self.forward,
+                self.verifier,
+                path=self.path,
+                rows_per_pass=self.rows_per_pass,
+                forward_batch=self.forward_batch,
+                settle_turns=self.settle_turns,
+                batch_groups=self.batch_groups,
+                pool_full=self.pool_full,
+            ),
+        )
 
     # -- Decoder protocol --------------------------------------------------------------------
 
@@ -179,7 +193,10 @@ class FastDecoder:
 
     def prefetch(self, scenarios: Sequence[Scenario]) -> None:
         """Decode ``scenarios`` now, batched, and keep their rollouts for ``rollout``."""
-        todo = [s for s in _unique(scenarios) if s.id not in self._ready]
+        first: dict[str, Scenario] = {}
+        for s in scenarios:
+            first.setdefault(s.id, s)
+        todo = [s for s in first.values() if s.id not in self._ready]
         if todo:
             for scenario, rollout in zip(todo, self.decode(todo), strict=True):
                 self._ready[scenario.id] = rollout
@@ -198,10 +215,12 @@ class FastDecoder:
             return self.free_runner.decode(scenarios)
         results: dict[int, Rollout] = {}
         planned = self._plan(scenarios, results)
-        # The turns the forward passes leave pending are pooled over consecutive batches and
-        # settled together: a generate step costs about the same for 4 rows as for 64.
+        # Forward passes of similar lengths, longest first; the turns they leave pending are
+        # pooled over consecutive batches and settled together: a generate step costs about
+        # the same for 4 rows as for 64.
         pool = Pool()
-        for batch in self._forward_batches(planned):
+        groups = self.batch_groups([len(p.plan.full) for p in planned])
+        for batch in ([planned[i] for i in group] for group in groups):
             pool.add(batch, self.forward_batch([p.plan for p in batch]))
             if self.pool_full(pool.turns, pool.tokens):
                 self._settle(pool.take(), results)
@@ -220,11 +239,6 @@ class FastDecoder:
             else:
                 planned.append(Planned(position, plan))
         return planned
-
-    def _forward_batches(self, planned: list[Planned]) -> list[list[Planned]]:
-        """Forward passes of similar lengths, longest first (:func:`~.batches.length_batches`)."""
-        groups = self.batch_groups([len(p.plan.full) for p in planned])
-        return [[planned[i] for i in group] for group in groups]
 
     @property
     def rows_per_pass(self) -> int:
@@ -260,9 +274,7 @@ class FastDecoder:
         pending = [item for held in pool for item in held.decided.pending]
         outcomes = iter(self.settle_turns(plans, pending))
         for held in pool:
-            outputs = held.decided.outputs
-            for item in held.decided.pending:
-                outputs[item.row][item.turn_no] = next(outcomes)
+            outputs = held.decided.settled(itertools.islice(outcomes, len(held.decided.pending)))
             for planned, row in zip(held.planned, outputs, strict=True):
                 results[planned.position] = self._rollout(planned.plan, row, len(held.planned))
 
@@ -274,14 +286,12 @@ class FastDecoder:
         self.answers.learn(t.expected for plan in plans for t in plan.turns)
         self.stats.generated += len(pending)
         self.stats.draft_tokens += sum(len(p.draft) for p in pending)
-        mode = self.exact_mode
-        if mode.on:
-            # Exact mode: every pending turn decoded bit for bit as the reference decodes it.
+        if (mode := self.exact_mode).on:  # every pending turn bit for bit as the reference
             return self.exact.settle(pending, mode)
-        settled = self.verifier.settle(pending)
-        rest = [p for p, out in zip(pending, settled, strict=True) if out is None]
+        settled = self.verifier.settle(pending)  # else the turn as the rounds leave it
+        rest = [s for s in settled if isinstance(s, PendingTurn)]
         generated = iter(self.generator.generate(rest))
-        return [out if out is not None else next(generated) for out in settled]
+        return [s if isinstance(s, TurnOutput) else next(generated) for s in settled]
 
     def _rollout(self, plan: ScenarioPlan, row: list[TurnOutput | None], batch: int) -> Rollout:
         done = tuple(o for o in row if o is not None)
@@ -387,13 +397,3 @@ class FastDecoder:
         # the batched computations measured: all must be what they were at calibration.
         self.use_calibration(taken)
         return True
-
-
-def _unique(scenarios: Iterable[Scenario]) -> list[Scenario]:
-    seen: set[str] = set()
-    out = []
-    for s in scenarios:
-        if s.id not in seen:
-            seen.add(s.id)
-            out.append(s)
-    return out

@@ -49,7 +49,7 @@ from pytest_memeval.decode.fast.bounds import ExactMode
 from pytest_memeval.decode.fast.forward import PendingTurn
 from pytest_memeval.decode.fast.logits import logit_checks
 from pytest_memeval.decode.fast.probe import matmul_modules, weight_name
-from pytest_memeval.decode.fast.shared import Shared, Stage
+from pytest_memeval.decode.fast.shared import Stage
 from pytest_memeval.decode.reference import (
     ReferenceSteps,
     decode_new_tokens,
@@ -115,19 +115,14 @@ class ExactStage(Stage):
     forward pass's cache, each decision checked against the ``row_step`` bound, and from
     the reference's own prefill, bit for bit, for the rest."""
 
-    def __init__(self, shared: Shared) -> None:
-        super().__init__(shared)
-        #: whether this model can run per-row attention (``None``: it can), asked once
-        self._unavailable: str | bool | None = False
-
+    @functools.cached_property
     def unavailable(self) -> str | None:
-        """Why the exact stage cannot run on this model (``None``: it can)."""
-        if self._unavailable is False:
-            self._unavailable = row_attention_unavailable(self.loaded.model)
-            if self._unavailable is None and not forward_parameters(self.loaded.model).position_ids:
-                self._unavailable = "the model's forward takes no position_ids"
-        assert self._unavailable is not True
-        return self._unavailable
+        """Why the exact stage cannot run on this model (``None``: it can), asked once (the
+        first ask registers the per-row attention function)."""
+        why = row_attention_unavailable(self.loaded.model)
+        if why is None and not forward_parameters(self.loaded.model).position_ids:
+            return "the model's forward takes no position_ids"
+        return why
 
     def settle(self, pending: Sequence[PendingTurn], mode: ExactMode) -> list[TurnOutput]:
         """Each pending turn's output: continued from the forward pass's cache where every
@@ -209,7 +204,7 @@ class ExactStage(Stage):
         a waiting one taking each place a finished one leaves) to the end of their turns.
         ``checked``: a row whose decision is inside the ``row_step`` bound leaves at once,
         with ``None`` for its output."""
-        why = self.unavailable()  # also registers the per-row attention function
+        why = self.unavailable  # also registers the per-row attention function
         if why is not None:
             raise RuntimeError(f"the exact stage cannot run on this model: {why}")
         rows = max(1, mode.rows)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -104,9 +104,12 @@ class ProvenOutputs:
         return dataclasses.replace(out, generated=True) if generated else out
 
 
-@dataclass
+@dataclass(frozen=True)
 class PendingTurn:
-    """A turn the forward pass did not settle: greedy decoding continues from ``draft``."""
+    """A turn the forward pass did not settle: greedy decoding continues from ``draft``.
+
+    Immutable: a stage that proves more of the turn (a verification round grows its draft,
+    gives it a cut cache) hands on a new one (``dataclasses.replace``)."""
 
     #: where its output goes: row and turn of its forward pass
     row: int
@@ -144,6 +147,20 @@ class PendingTurn:
         held = 0 if self.context is None else self.context.length
         return self.tokens[held:]
 
+    @property
+    def left_truth(self) -> bool:
+        """Whether the draft left the truth (ends with the model's own token); an empty
+        draft, or one stopped at a near tie while on the truth, did not."""
+        return self.draft != self.turn.expected[: len(self.draft)]
+
+    def grown_by(self, tokens: tuple[int, ...]) -> PendingTurn:
+        """This turn with ``tokens`` proven after its draft (its cache as it was)."""
+        return dataclasses.replace(self, draft=(*self.draft, *tokens), grown=True)
+
+    def cached(self, context: CacheSlice | None) -> PendingTurn:
+        """This turn continuing from ``context`` (``None``: from its full prompt)."""
+        return dataclasses.replace(self, context=context)
+
 
 @dataclass(frozen=True)
 class ForwardPass:
@@ -168,9 +185,17 @@ class ForwardDecisions:
     (``None`` elsewhere), and the turns left pending; the pass's cache (row ``r`` holds its
     plan's ``full`` from column 0; a free-running round continues from it, ``history.py``)."""
 
-    outputs: list[list[TurnOutput | None]]
-    pending: list[PendingTurn]
+    outputs: tuple[tuple[TurnOutput | None, ...], ...]
+    pending: tuple[PendingTurn, ...]
     cache: KVCache | None = None
+
+    def settled(self, outputs: Iterable[TurnOutput]) -> list[list[TurnOutput | None]]:
+        """Per row, every turn's output: those the pass proved, and ``outputs`` (one per
+        pending turn, in :attr:`pending`'s order) for the others; new lists."""
+        rows = [list(row) for row in self.outputs]
+        for item, output in zip(self.pending, outputs, strict=True):
+            rows[item.row][item.turn_no] = output
+        return rows
 
 
 def _own_positions(needed: Sequence[Sequence[int]], union: Sequence[int]) -> torch.Tensor:
@@ -267,7 +292,7 @@ class ForwardStage(Stage):
                         passed.cache, row, 0, len(turn.prompt.ids) + len(decided) - 1
                     )
                 pending.append(PendingTurn(row, n, turn, decided, context))
-        return ForwardDecisions(outputs, pending, passed.cache)
+        return ForwardDecisions(tuple(map(tuple, outputs)), tuple(pending), passed.cache)
 
     def teacher_forced(
         self, turn: TurnPlan, checks: Checks, column: Mapping[int, int], *, cached: bool = False

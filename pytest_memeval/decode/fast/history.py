@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from pytest_memeval.core.benchmark import Scenario
 from pytest_memeval.core.history import HISTORY_MODEL, fed_back
@@ -52,46 +51,34 @@ from pytest_memeval.decode.fast.verify import Continuation, Verifier
 from pytest_memeval.decode.reference import free_running_rollout, prompt_tail
 from pytest_memeval.model.prompts import history_scenario
 
-__all__ = ["WINDOW", "FreeRunner", "Stages"]
+__all__ = ["WINDOW", "FreeRunner", "RoundStages"]
 
 #: Turns a round plans for a scenario at first; doubled each time a scenario's window passes
 #: without a departure (the forward pass of a round runs to the end of its window only).
 WINDOW = 2
 
 
-class Stages(Protocol):
-    """What a round runs, as the fast decoder runs it for ``history="truth"``."""
+@dataclass(frozen=True)
+class RoundStages:
+    """What a free-running round runs, handed to :class:`FreeRunner` by the fast decoder
+    that built the stages (``decoder.py``): the stages it calls directly, and the decoder's
+    steps that hold decoder-wide state (the calibration due, exact mode, batching rules)."""
 
     planner: Planner
     forward: ForwardStage
     verifier: Verifier
+    #: the decode path its rollouts name
     path: str
-    batch_size: int
-    max_batch_tokens: int
-
-    @property
-    def rows_per_pass(self) -> int:
-        """Most scenarios one forward pass holds (the batching rules' rows)."""
-        ...
-
-    def forward_batch(self, plans: list[ScenarioPlan]) -> ForwardDecisions:
-        """One forward pass (measured against the reference first when that is due)."""
-        ...
-
-    def settle_turns(
-        self, plans: Sequence[ScenarioPlan], pending: Sequence[PendingTurn]
-    ) -> list[TurnOutput]:
-        """Each pending turn's output: verification pass, then ``generate``."""
-        ...
-
-    def batch_groups(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Forward passes of similar lengths (indices into ``lengths``)."""
-        ...
-
-    def pool_full(self, pending: int, tokens: int) -> bool:
-        """Whether pending turns held over forward passes of ``tokens`` padded tokens are
-        to be settled now."""
-        ...
+    #: most scenarios one forward pass holds (the batching rules' rows)
+    rows_per_pass: int
+    #: one forward pass (measured against the reference first when that is due)
+    forward_batch: Callable[[list[ScenarioPlan]], ForwardDecisions]
+    #: each pending turn's output: verification pass, then ``generate`` (or exact steps)
+    settle_turns: Callable[[Sequence[ScenarioPlan], Sequence[PendingTurn]], list[TurnOutput]]
+    #: forward passes of similar lengths (indices into the lengths given)
+    batch_groups: Callable[[Sequence[int]], list[list[int]]]
+    #: whether pending turns held over passes of so many padded tokens are settled now
+    pool_full: Callable[[int, int], bool]
 
 
 @dataclass
@@ -155,6 +142,8 @@ class _Held:
     rows: list[_Row]
     decided: ForwardDecisions
     pending: dict[tuple[int, int], PendingTurn]
+    #: the pending turns settled so far, by (row, turn)
+    settled: dict[tuple[int, int], TurnOutput] = field(default_factory=dict)
 
     @classmethod
     def of(cls, rows: list[_Row], decided: ForwardDecisions) -> _Held:
@@ -162,9 +151,9 @@ class _Held:
 
 
 class FreeRunner(Stage):
-    """Free-running rollouts with the stages of one fast decoder (:class:`Stages`)."""
+    """Free-running rollouts with the stages of one fast decoder (:class:`RoundStages`)."""
 
-    def __init__(self, shared: Shared, stages: Stages) -> None:
+    def __init__(self, shared: Shared, stages: RoundStages) -> None:
         super().__init__(shared)
         self.stages = stages
 
@@ -226,8 +215,8 @@ class FreeRunner(Stage):
         continued = [(t, p, cut) for t, p in planned if (cut := t.reusable(p))]
         fresh = [(t, p) for t, p in planned if not t.reusable(p)]
         lengths = [len(p.full) for _, p, _ in continued]
-        rows_per_call = self.stages.verifier.rows_per_call
-        for chunk in even_batches(lengths, rows_per_call, self.stages.max_batch_tokens):
+        verifier = self.stages.verifier
+        for chunk in even_batches(lengths, verifier.rows_per_call, verifier.max_batch_tokens):
             group = [continued[i] for i in chunk]
             got = self._continue(group)
             if got is None:
@@ -287,7 +276,8 @@ class FreeRunner(Stage):
                 context = CacheSlice(passed.cache, r, start, length) if length > 0 else None
                 pending.append(PendingTurn(r, n, turn, decided, context, forward_cache=False))
             rows.append(_Row(track, plan, r))
-        return self._batched(rows), ForwardDecisions(outputs, pending, passed.cache)
+        decisions = ForwardDecisions(tuple(map(tuple, outputs)), tuple(pending), passed.cache)
+        return self._batched(rows), decisions
 
     @staticmethod
     def _batched(rows: list[_Row]) -> list[_Row]:
@@ -311,7 +301,7 @@ class FreeRunner(Stage):
             plans = [row.plan for passed in held for row in passed.rows]
             outputs = self.stages.settle_turns(plans, [item for _, item in frontier])
             for (passed, item), output in zip(frontier, outputs, strict=True):
-                passed.decided.outputs[item.row][item.turn_no] = output
+                passed.settled[(item.row, item.turn_no)] = output
         for passed in held:
             for row in passed.rows:
                 self.stats.free_running_unused += len(row.plan.turns) - row.cursor
@@ -321,7 +311,7 @@ class FreeRunner(Stage):
         settled yet (returned: it is to be settled before reading on)."""
         outputs = passed.decided.outputs[row.row]
         while not row.stopped and row.cursor < len(row.plan.turns):
-            output = outputs[row.cursor]
+            output = outputs[row.cursor] or passed.settled.get((row.row, row.cursor))
             if output is None:
                 return passed.pending[(row.row, row.cursor)]
             self.stats.free_running_turns += 1

@@ -15,6 +15,7 @@ caches (:meth:`Verifier.cut_pass`). See ``docs/decoding.md``.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,14 +50,7 @@ from pytest_memeval.decode.fast.shared import Shared, Stage
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "VERIFY_ROUNDS",
-    "Acceptance",
-    "Continuation",
-    "Verifier",
-    "VerifyPass",
-    "accept",
-]
+__all__ = ["VERIFY_ROUNDS", "Acceptance", "Continuation", "Verifier", "VerifyPass", "accept"]
 
 #: Rounds of the verification pass per pool of turns: each round checks a guessed
 #: continuation of every still-open turn in one batched cached forward pass; what it cannot
@@ -161,55 +155,56 @@ class Verifier(Stage):
         self.max_batch_tokens = max_batch_tokens
         # Both computations number positions explicitly (each row from its own length).
         self.can_verify = forward_parameters(shared.loaded.model).position_ids
-        #: why segment attention cannot run on this model (``None``: it can), asked once
-        self._segments_unavailable: str | bool | None = False
 
-    def settle(self, pool: Sequence[PendingTurn]) -> list[TurnOutput | None]:
-        """Per turn of ``pool``, its output where the rounds settle it, else ``None`` (the
-        turn's draft and cache then say where ``generate`` continues from)."""
+    def settle(self, pool: Sequence[PendingTurn]) -> list[TurnOutput | PendingTurn]:
+        """Per turn of ``pool``, its output where the rounds settle it, else the turn as the
+        rounds leave it (a longer draft, another cache: where ``generate`` continues from)."""
         started = time.perf_counter()
+        turns = list(pool)
         outcomes: list[TurnOutput | None] = [None] * len(pool)
+        if self._rounds(turns, outcomes):
+            rest = [n for n, out in enumerate(outcomes) if out is None]
+            for n, refilled in zip(rest, self.refill([turns[n] for n in rest]), strict=True):
+                turns[n] = refilled
+        else:
+            # The cache cannot be cut: ``generate`` decides (from the full prompt), for a
+            # turn whose cache lacks its grown draft.
+            turns = [t if t.complete or t.context is None else t.cached(None) for t in turns]
+        self.seconds.verify += time.perf_counter() - started
+        return [t if out is None else out for t, out in zip(turns, outcomes, strict=True)]
+
+    def _rounds(self, turns: list[PendingTurn], outcomes: list[TurnOutput | None]) -> bool:
+        """Up to :data:`VERIFY_ROUNDS` rounds over ``turns`` (:meth:`_round`); whether the
+        caches could be cut."""
         # A draft that is a prefix of the truth ended at a near tie (or is empty): that
         # decision is ``generate``'s, as without the verification pass.
-        open_turns = [
-            i
-            for i, p in enumerate(pool)
-            if p.draft
-            and p.draft != p.turn.expected[: len(p.draft)]
-            and p.context is not None
-            and self.can_verify
-        ]
+        left = [i for i, p in enumerate(turns) if p.left_truth and p.context is not None]
+        open_turns = left if self.can_verify else []
         for _ in range(VERIFY_ROUNDS):
             # A draft grown by a packed pass is fed again from where its cache ends.
             work = [
                 _Guessed(i, g)
                 for i in open_turns
-                if (g := self.answers.guess(pool[i].draft, pool[i].turn.expected))
-                or not pool[i].complete
+                if (g := self.answers.guess(turns[i].draft, turns[i].turn.expected))
+                or not turns[i].complete
             ]
             if not work:
                 break
-            still_open = self._round(pool, work, outcomes)
+            still_open = self._round(turns, work, outcomes)
             if still_open is None:
-                # The cache cannot be cut: ``generate`` decides (from the full prompt).
-                for item in pool:
-                    if item.context is not None and not item.complete:
-                        item.context = None  # its cache lacks the grown draft
-                self.seconds.verify += time.perf_counter() - started
-                return outcomes
+                return False
             open_turns = still_open
-        self.refill([p for p, out in zip(pool, outcomes, strict=True) if out is None])
-        self.seconds.verify += time.perf_counter() - started
-        return outcomes
+        return True
 
     def _round(
         self,
-        pool: Sequence[PendingTurn],
+        pool: list[PendingTurn],
         work: list[_Guessed],
         outcomes: list[TurnOutput | None],
     ) -> list[int] | None:
-        """One round over ``work``: settles what it can into ``outcomes``, grows the other
-        drafts; the turns to guess again, or ``None`` when the caches cannot be cut."""
+        """One round over ``work``: settles what it can into ``outcomes``, puts in ``pool``
+        the turns whose drafts it grew (new ones); the turns to guess again, or ``None``
+        when the caches cannot be cut."""
         fed = [self._continuation(pool[w.turn], (*pool[w.turn].unheld, *w.guess)) for w in work]
         # Packed passes read the forward passes' caches as they are (no copies); cut
         # passes, in chunks, only where they cannot.
@@ -238,12 +233,12 @@ class Verifier(Stage):
                     # were pooled, which must not change a record).
                     outcomes[i] = self.proven([*item.draft, *got.tokens], generated=True)
                 elif got.tokens:
-                    item.grown = True
-                    item.draft = (*item.draft, *got.tokens)
+                    pool[i] = item.grown_by(got.tokens)
                     if verified.cache is not None:
                         # a cut pass's row holds the turn's tokens from its start column on
-                        item.context = CacheSlice(
-                            verified.cache, r, verified.starts[r], item.length - 1
+                        end = pool[i].length - 1
+                        pool[i] = pool[i].cached(
+                            CacheSlice(verified.cache, r, verified.starts[r], end)
                         )
                     if got.left_guess:
                         still_open.append(i)
@@ -280,20 +275,25 @@ class Verifier(Stage):
             self.stats.verify_left_guess += got.left_guess and not item.grown
         return got
 
-    def refill(self, pending: Sequence[PendingTurn]) -> None:
-        """Give the turns whose drafts packed passes grew a cache holding their prompt and
-        draft but its last token, for ``generate`` to continue from: one cut pass over the
-        draft tokens the forward pass's cache lacks (its decisions unused)."""
-        short = [p for p in pending if p.context is not None and not p.complete]
-        lengths = [p.length for p in short]
+    def refill(self, pending: Sequence[PendingTurn]) -> list[PendingTurn]:
+        """``pending``, the turns whose drafts packed passes grew given a cache holding their
+        prompt and draft but its last token, for ``generate`` to continue from: one cut pass
+        over the draft tokens the forward pass's cache lacks (its decisions unused)."""
+        refilled = list(pending)
+        short = [n for n, p in enumerate(pending) if p.context is not None and not p.complete]
+        lengths = [pending[n].length for n in short]
         for chunk in even_batches(lengths, self.rows_per_call, self.max_batch_tokens):
             rows = [short[k] for k in chunk]
-            verified = self.cut_pass([self._continuation(p, p.unheld[:-1]) for p in rows])
-            for r, p in enumerate(rows):
-                if verified is None or verified.cache is None:
-                    p.context = None  # ``generate`` from the full prompt
-                    continue
-                p.context = CacheSlice(verified.cache, r, verified.starts[r], p.length - 1)
+            verified = self.cut_pass(
+                [self._continuation(pending[n], pending[n].unheld[:-1]) for n in rows]
+            )
+            for r, n in enumerate(rows):
+                refilled[n] = pending[n].cached(
+                    CacheSlice(verified.cache, r, verified.starts[r], pending[n].length - 1)
+                    if verified is not None and verified.cache is not None
+                    else None  # ``generate`` from the full prompt
+                )
+        return refilled
 
     def cut_pass(self, rows: Sequence[Continuation]) -> VerifyPass | None:
         """One batched cached forward pass over cut caches: row ``r`` continues its
@@ -352,7 +352,7 @@ class Verifier(Stage):
             return None
         self.stats.verify_passes += 1
         self.stats.verify_packed_passes += 1
-        if self.segments_unavailable() is None:
+        if self.segments_unavailable is None:
             return self._flat_pass(rows, source)
         packed = pack(contexts, [c.tokens for c in rows], source, self.loaded.pad_id)
         device = self.loaded.device
@@ -369,13 +369,11 @@ class Verifier(Stage):
             logits = out.logits.float()
         return VerifyPass(logits, packed.segments, None, [0] * len(rows))
 
+    @functools.cached_property
     def segments_unavailable(self) -> str | None:
         """Why the packed pass cannot run in one row with segment attention (``None``: it
         can), asked once per model."""
-        if self._segments_unavailable is False:
-            self._segments_unavailable = segment_attention_unavailable(self.loaded.model)
-        assert self._segments_unavailable is not True
-        return self._segments_unavailable
+        return segment_attention_unavailable(self.loaded.model)
 
     def _flat_pass(self, rows: Sequence[Continuation], source: PackedSource) -> VerifyPass:
         """The packed pass in one row, no padding: each conversation's turns a group of
