@@ -28,7 +28,7 @@ from pytest_memeval.decode import make_model_decoder
 from pytest_memeval.decode.fast import CalibrationStore
 from pytest_memeval.decode.replay import ReplayDecoder
 from pytest_memeval.model.checks import CheckpointError
-from pytest_memeval.model.loading import load_model
+from pytest_memeval.model.loading import load_profile_model
 from pytest_memeval.model.preflight import PreflightError
 from pytest_memeval.runtime.cmdline import check_worker_setup, setup_note
 from pytest_memeval.runtime.controller import MemevalController, run_dir_line
@@ -495,17 +495,9 @@ def default_decoder(
         source = config.stash[STATE_KEY].replay_source
         assert source is not None  # build_state loads it for every replay profile
         return ReplayDecoder(source, history)
-    settings = profile.generation
-    loaded = load_model(
-        profile.model_dir,
-        profile.adapter,
-        tokenizer_dir=profile.tokenizer,
-        dtype=settings.dtype,
-        attn_implementation=settings.attn_implementation,
-        device=device,
-    )
+    loaded = load_profile_model(profile, device)
     return make_model_decoder(
-        path, loaded, settings.max_new_tokens, history, calibration_store(config)
+        path, loaded, profile.generation.max_new_tokens, history, calibration_store(config)
     )
 
 

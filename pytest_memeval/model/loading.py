@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.noise import third_party_noise_filtered
+from pytest_memeval.core.profiles import Profile
 from pytest_memeval.model.checks import (
     CheckpointError,
     check_adapter_dir,
@@ -126,6 +127,20 @@ def load_model(
     stop = _stop_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
     return LoadedModel(model, tokenizer, stop, int(pad), device, dtype)
+
+
+def load_profile_model(profile: Profile, device: str) -> LoadedModel:
+    """A profile's checkpoint as its generation settings ask (dtype, attention), on ``device``:
+    the one place the scenario decoders and the closed-loop policy load it from."""
+    settings = profile.generation
+    return load_model(
+        profile.model_dir,
+        profile.adapter,
+        tokenizer_dir=profile.tokenizer,
+        dtype=settings.dtype,
+        attn_implementation=settings.attn_implementation,
+        device=device,
+    )
 
 
 def _check_adapter_applied(model: Any, adapter_dir: Path, model_dir: Path) -> None:

@@ -25,7 +25,7 @@ from pytest_memeval.core.episode_records import (
 )
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.env import EpisodeRunner
-from pytest_memeval.model.loading import load_model
+from pytest_memeval.model.loading import load_profile_model
 from pytest_memeval.runtime.assertions import WrongAnswer
 from pytest_memeval.runtime.devices import worker_device
 from pytest_memeval.runtime.episode_items import EpisodeState, env_maker
@@ -75,16 +75,8 @@ class EpisodeWorker:
         """The checkpoint as the policy, loaded on first use."""
         if self._policy is None:
             profile = self.state.profile
-            settings = profile.generation
-            loaded = load_model(
-                profile.model_dir,
-                profile.adapter,
-                tokenizer_dir=profile.tokenizer,
-                dtype=settings.dtype,
-                attn_implementation=settings.attn_implementation,
-                device=worker_device(self.config),
-            )
-            self._policy = ModelPolicy(loaded, settings.max_new_tokens)
+            loaded = load_profile_model(profile, worker_device(self.config))
+            self._policy = ModelPolicy(loaded, profile.generation.max_new_tokens)
         return self._policy
 
     def run(self, item: pytest.Item, seed: int) -> EpisodeRecord:
