@@ -12,7 +12,7 @@ module imports it, the plugin provides it as ``memeval::test_episode[<game>-<see
 from __future__ import annotations
 
 from pytest_memeval.core.episode_records import EpisodeRecord
-from pytest_memeval.runtime.episode_worker import EpisodeFailed, check_episode
+from pytest_memeval.runtime.episodes import EpisodeFailed, check_episode
 
 __all__ = ["EpisodeFailed", "check_episode", "test_episode"]
 

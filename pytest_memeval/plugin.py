@@ -32,18 +32,18 @@ from pytest_memeval.model.loading import load_profile_model
 from pytest_memeval.model.preflight import PreflightError
 from pytest_memeval.runtime.cmdline import check_worker_setup, setup_note
 from pytest_memeval.runtime.controller import MemevalController, run_dir_line
-from pytest_memeval.runtime.episode_items import (
+from pytest_memeval.runtime.episodes import (
+    CONTROLLER_NAME,
     EPISODE_STATE_KEY,
-    build_episode_state,
-    parametrize_episodes,
-    provide_episode_items,
-)
-from pytest_memeval.runtime.episode_run import CONTROLLER_NAME, EpisodeController, deselect_resumed
-from pytest_memeval.runtime.episode_worker import (
     WORKER_NAME,
+    EpisodeController,
     EpisodeWorker,
+    build_episode_state,
+    deselect_resumed,
     memeval_episode,
     memeval_episode_seed,
+    parametrize_episodes,
+    provide_episode_items,
 )
 from pytest_memeval.runtime.eval_items import PROVIDED, eval_item_count, scenario_param
 
@@ -363,7 +363,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _configure_episodes(config: pytest.Config, name: str) -> bool:
     """A closed-loop profile (one with ``env``): its items, worker and controller
-    (runtime/episode_items.py); ``False`` for a scenario profile."""
+    (runtime/episodes/items.py); ``False`` for a scenario profile."""
     episode_state = build_episode_state(config, name)
     if episode_state is None:
         return False

@@ -65,7 +65,7 @@ class MemevalWorkerInput(TypedDict, total=False):
     #: whether the plugin provides the eval items where no collected module does (decided
     #: once on the controller: every worker must collect the same items)
     memeval_provide_items: bool
-    #: a closed-loop run's fingerprints and environment description (runtime/episode_items.py)
+    #: a closed-loop run's fingerprints and environment description (runtime/episodes/items.py)
     memeval_episode_state: dict[str, Any]
     #: set by xdist itself: the controller's sys.argv (the user's own command line)
     mainargv: list[str]

@@ -28,7 +28,7 @@ from pytest_memeval.env import EpisodeRunner
 from pytest_memeval.model.loading import load_profile_model
 from pytest_memeval.runtime.assertions import WrongAnswer
 from pytest_memeval.runtime.devices import worker_device
-from pytest_memeval.runtime.episode_items import EpisodeState, env_maker
+from pytest_memeval.runtime.episodes.items import EpisodeState, env_maker
 from pytest_memeval.runtime.state import is_worker
 
 __all__ = [

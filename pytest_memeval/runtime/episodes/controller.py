@@ -1,6 +1,6 @@
 """The controller side of a closed-loop run: journal, run directory, metrics, summary.
 
-Each episode record reaches the controller on its item's report (runtime/episode_worker.py),
+Each episode record reaches the controller on its item's report (runtime/episodes/worker.py),
 is checked (``core/episode_records.validate_episode_record``) and appended to the run's
 ``journal.jsonl`` at once; at the session's end ``predictions.jsonl`` and ``metrics.json`` are
 written atomically, the numbers counted from the file as written (the recount). A run with
@@ -29,7 +29,7 @@ from pytest_memeval.core.episode_records import (
 from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.profiles import profile_to_plain
 from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY, Journal
-from pytest_memeval.runtime.episode_items import SEED_FIXTURE, EpisodeState, episode_items
+from pytest_memeval.runtime.episodes.items import SEED_FIXTURE, EpisodeState, episode_items
 
 __all__ = ["CONTROLLER_NAME", "EpisodeController", "deselect_resumed", "summary_lines"]
 

@@ -8,8 +8,8 @@ controller's plain data. The items come from :mod:`pytest_memeval.episodes`, imp
 test module or provided by the plugin as ``memeval::test_episode[<id>]`` (as the scenario
 items are, runtime/eval_items.py); their ids are ``core/ids.param_id`` of ``<game>-<seed>``.
 The worker side (model, environment, the episode of each item) is
-:mod:`.episode_worker`; the controller side (journal, run directory, metrics) is
-:mod:`.episode_run`.
+:mod:`.worker`; the controller side (journal, run directory, metrics) is
+:mod:`.controller`.
 """
 
 from __future__ import annotations
