@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from pytest_memeval.core.episodes import EpisodeMetrics, episode_metrics
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS, atomic_write, write_json
@@ -27,15 +27,16 @@ __all__ = [
     "EpisodeRecord",
     "EpisodeRecordError",
     "EpisodeRunMetrics",
+    "EpisodeRunNumbers",
     "StepEntry",
     "env_tags",
     "episode_from_record",
     "episode_id",
     "episode_record",
+    "episode_run_numbers",
     "finalize_episode_run",
     "read_episode_records",
     "recount_episodes",
-    "run_metrics",
     "validate_episode_record",
 ]
 
@@ -240,9 +241,14 @@ def read_episode_records(path: Path) -> list[EpisodeRecord]:
     return records
 
 
-def run_metrics(
-    records: Iterable[EpisodeRecord],
-) -> tuple[EpisodeMetrics, dict[str, EpisodeMetrics]]:
+class EpisodeRunNumbers(NamedTuple):
+    """An episode run's numbers: over every record, and per tag (tags sorted)."""
+
+    overall: EpisodeMetrics
+    slices: dict[str, EpisodeMetrics]
+
+
+def episode_run_numbers(records: Iterable[EpisodeRecord]) -> EpisodeRunNumbers:
     """The numbers over ``records`` and per tag (tags sorted)."""
     kept = list(records)
     overall = episode_metrics([episode_from_record(r) for r in kept])
@@ -251,13 +257,13 @@ def run_metrics(
         tag: episode_metrics([episode_from_record(r) for r in kept if tag in r["tags"]])
         for tag in tags
     }
-    return overall, slices
+    return EpisodeRunNumbers(overall, slices)
 
 
 def recount_episodes(path: Path, metrics: Mapping[str, Any]) -> list[str]:
     """The differences between ``metrics`` (its ``episodes`` and ``slices``) and the numbers
     counted again from the records in ``path``; empty when they agree."""
-    overall, slices = run_metrics(read_episode_records(path))
+    overall, slices = episode_run_numbers(read_episode_records(path))
     differences = []
     if json.dumps(overall, sort_keys=True) != json.dumps(metrics.get("episodes"), sort_keys=True):
         differences.append("episodes")
@@ -285,7 +291,7 @@ def finalize_episode_run(
     ordered += [records[i] for i in sorted(records) if i not in set(ids)]
     path = run_dir / PREDICTIONS
     atomic_write(path, (json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
-    overall, slices = run_metrics(read_episode_records(path))
+    overall, slices = episode_run_numbers(read_episode_records(path))
     metrics: EpisodeRunMetrics = {
         "kind": "episodes",
         "profile": profile,
@@ -299,7 +305,7 @@ def finalize_episode_run(
         "wall_s": wall_s,
     }
     metrics["complete"] = not metrics["missing"] and not metrics["error_ids"]
-    in_memory = run_metrics(ordered)
+    in_memory = episode_run_numbers(ordered)
     if json.dumps(in_memory, sort_keys=True) != json.dumps((overall, slices), sort_keys=True):
         raise EpisodeRecordError(f"{path}: the recount differs from the records written")
     write_json(run_dir / METRICS, metrics)
