@@ -18,7 +18,7 @@ import pytest
 from pytest_memeval.tools.cli import main
 
 from ..pages import INJECTED, Page, injected_runs
-from ..runfactory import seed_runs
+from ..runfactory import make_record, seed_runs, write_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -130,3 +130,45 @@ def test_summary_tables_fit_a_1400_pixel_window(tmp_path: Path) -> None:
         )
         dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=tmp_path)
         assert "<title>overflow=0</title>" in dom, (name, re.findall(r"<title>[^<]*", dom)[:1])
+
+
+def test_the_by_slice_comparison_fits_and_its_rows_stay_a_few_lines(tmp_path: Path) -> None:
+    """Two runs with long tags, compared by slice: the eleven-column table stays inside a
+    1400-pixel window and within the page's column (it scrolls in its own box if it must),
+    and no row is more than five lines of text tall (squeezed, the verdict column ran a word
+    a line: rows over ten lines)."""
+    tags = ("oracle:close-dropped/query:door-state", "chain:31-40", "query:older-object")
+    records: dict[str, list[dict[str, object]]] = {"a": [], "b": []}
+    for i in range(60):
+        for run, wrong in (("a", i % 3 == 0), ("b", i % 4 == 0)):
+            record = make_record(f"s{i:02d}", i, final_match=not wrong)
+            record["tags"] = [tags[i % 3], f"room:kitchen-with-a-very-long-name-{i % 2}"]
+            records[run].append(record)
+    a = write_run(tmp_path / "a", records["a"], ckpt="baseline")
+    b = write_run(tmp_path / "b", records["b"], ckpt="oracle")
+    page = tmp_path / "two.html"
+    assert main(["report", str(a), str(b), "-o", str(page)]) == 0
+    html = page.read_text("utf-8")
+    assert "class='slice-pair'" in html
+    measure = tmp_path / "measure.html"
+    measure.write_text(
+        re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
+            "</body>",
+            "<script>window.addEventListener('load', () => {"
+            "const t = document.querySelector('table.slice-pair');"
+            "const line = parseFloat(getComputedStyle(t).lineHeight);"
+            "const rows = [...t.querySelectorAll('tbody tr')]"
+            ".map(r => r.getBoundingClientRect().height);"
+            "document.title = ['overflow=' + (document.documentElement.scrollWidth - "
+            "document.documentElement.clientWidth), 'fits=' + (t.getBoundingClientRect().width "
+            "<= t.parentElement.parentElement.clientWidth), 'lines=' + "
+            "Math.round(Math.max(...rows) / line), 'rows=' + rows.length].join(' ');});"
+            "</script></body>",
+        ),
+        "utf-8",
+    )
+    dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=tmp_path)
+    title = re.findall(r"<title>([^<]*)", dom)[0]
+    said = dict(part.split("=") for part in title.split())
+    assert said["overflow"] == "0" and said["fits"] == "true", title
+    assert int(said["rows"]) >= 5 and int(said["lines"]) <= 5, title
