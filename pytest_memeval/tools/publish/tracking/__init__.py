@@ -7,6 +7,9 @@ metrics, tags, artifacts) is decided once, tracker-neutrally, in :mod:`.fields`.
 
 from pytest_memeval.tools.publish.tracking.fields import (
     GitState,
+    episode_params,
+    episode_run_metrics,
+    finished_run_metrics,
     git_state,
     rate_metrics,
     run_metrics,
@@ -18,6 +21,9 @@ from pytest_memeval.tools.publish.tracking.fields import (
 
 __all__ = [
     "GitState",
+    "episode_params",
+    "episode_run_metrics",
+    "finished_run_metrics",
     "git_state",
     "rate_metrics",
     "run_metrics",
