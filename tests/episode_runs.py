@@ -39,7 +39,9 @@ def _steps(pairs: list[tuple[str, str, bool | None]]) -> tuple[StepRecord, ...]:
 def episodes() -> list[Episode]:
     """Five episodes of five ends; seed 2 acts ``INJECTED`` and is told it is not valid."""
     system = ({"role": "system", "content": "Tidy up. <b>no markup</b>"},)
-    won = _steps([("take apple", "You take the apple.", True), ("put apple in fridge", "Done.", True)])
+    won = _steps(
+        [("take apple", "You take the apple.", True), ("put apple in fridge", "Done.", True)]
+    )
     lost = _steps([("look", "A kitchen.", True), ("wait", "Time passes.", None)])
     return [
         Episode(0, TerminationReason.SUCCESS, won, "You are in a kitchen.", system, 2.0, None),
@@ -53,7 +55,9 @@ def episodes() -> list[Episode]:
             0.0,
             None,
         ),
-        Episode(3, TerminationReason.ENV_ERROR, (), "You are in a kitchen.", system, 0.0, "JVM died"),
+        Episode(
+            3, TerminationReason.ENV_ERROR, (), "You are in a kitchen.", system, 0.0, "JVM died"
+        ),
     ]
 
 
@@ -61,14 +65,21 @@ def write_episode_run(run_dir: Path) -> EpisodeRunMetrics:
     """Seeds 0-3 run (seed 3 an environment error), seed 4 missing: an incomplete run."""
     run_dir.mkdir(parents=True, exist_ok=True)
     records = {
-        episode_id(SPEC, e.seed): episode_record(SPEC, e, extra_tags=[LONG_TAG] if e.seed < 2 else [])
+        episode_id(SPEC, e.seed): episode_record(
+            SPEC, e, extra_tags=[LONG_TAG] if e.seed < 2 else []
+        )
         for e in episodes()
     }
     return finalize_episode_run(
         run_dir,
         profile="smol-twc",
-        env={"backend": "textworld_express", "version": "1.1.0", "game": "twc", "fold": "test",
-             "seeds": list(SPEC.seeds)},
+        env={
+            "backend": "textworld_express",
+            "version": "1.1.0",
+            "game": "twc",
+            "fold": "test",
+            "seeds": list(SPEC.seeds),
+        },
         fingerprints={"model": "sha256:m", "adapter": None, "env": {"game": "twc"}},
         ids=[episode_id(SPEC, s) for s in SPEC.seeds],
         records=records,

@@ -6,13 +6,13 @@ of this module."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +25,10 @@ from ..pages import Page
 
 pytestmark = pytest.mark.slow  # one pytest run with a model and a JVM: about 20 CPU-s
 
+#: TOML's inline tables are one line
+ENV = (
+    f'backend = "textworld_express", game = "twc", params = "{TWC_TABLE["params"]}", fold = "test"'
+)
 PROFILE = f"""
 [tool.pytest.ini_options]
 addopts = "{INNER_ADDOPTS}"
@@ -33,7 +37,7 @@ addopts = "{INNER_ADDOPTS}"
 model = "{BASE_MODEL.as_posix()}"
 adapter = "{(ADAPTERS / "oracle").as_posix()}"
 generation = {{ max_new_tokens = 6 }}
-env = {{ backend = "textworld_express", game = "twc", params = "{TWC_TABLE["params"]}", fold = "test", seeds = "0-2", max_steps = 2 }}
+env = {{ {ENV}, seeds = "0-2", max_steps = 2 }}
 """
 
 
@@ -47,13 +51,9 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env["GITHUB_STEP_SUMMARY"] = str(summary)
     args = ["--ckpt", "twc", "-n", "0", "--junitxml=junit.xml"]
     mlflow = None
-    try:
-        import mlflow  # noqa: F401  # the extra is installed: log the run too
-
+    if importlib.util.find_spec("mlflow") is not None:  # the extra: log the run too
         mlflow = (root / "mlruns").as_uri()
         args += ["--memeval-mlflow", mlflow, "--memeval-mlflow-experiment", "episodes"]
-    except ImportError:
-        pass
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *args],
         cwd=root,

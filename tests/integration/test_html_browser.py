@@ -17,6 +17,7 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
+from ..episode_runs import write_episode_run
 from ..pages import INJECTED, Page, injected_runs
 from ..runfactory import seed_runs
 
@@ -118,15 +119,35 @@ def test_summary_tables_fit_a_1400_pixel_window(tmp_path: Path) -> None:
         assert main(["report", *map(str, runs), "-o", str(page)]) == 0
         html = page.read_text("utf-8")
         assert f"title='{a}'" in html and f"…/runs/{a.name}</small>" in html
-        measure = tmp_path / f"measure-{name}"
-        measure.write_text(
-            re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
-                "</body>",
-                "<script>window.addEventListener('load', () => {"
-                "document.title = 'overflow=' + (document.documentElement.scrollWidth - "
-                "document.documentElement.clientWidth);});</script></body>",
-            ),
-            "utf-8",
-        )
-        dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=tmp_path)
-        assert "<title>overflow=0</title>" in dom, (name, re.findall(r"<title>[^<]*", dom)[:1])
+        assert _overflow(html, tmp_path / f"measure-{name}") == "overflow=0", name
+
+
+def _overflow(html: str, measure: Path) -> str:
+    """How far the page reaches past a 1400-pixel window, measured by the browser: a copy of
+    the page (its policy removed) whose script writes the scroll width into its title."""
+    measure.write_text(
+        re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
+            "</body>",
+            "<script>window.addEventListener('load', () => {"
+            "document.title = 'overflow=' + (document.documentElement.scrollWidth - "
+            "document.documentElement.clientWidth);});</script></body>",
+        ),
+        "utf-8",
+    )
+    dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=measure.parent)
+    titles = re.findall(r"<title>([^<]*)", dom)
+    return titles[0] if titles else dom[-500:]
+
+
+def test_the_episode_page_fits_a_1400_pixel_window(tmp_path: Path) -> None:
+    """An episode run's page (long slice tags, an action full of markup) stays inside the
+    window, and the action's markup stays text in the browser too."""
+    run = tmp_path / "runs" / "smol-twc"
+    write_episode_run(run)
+    page = tmp_path / "episodes.html"
+    assert main(["report", str(run), "-o", str(page)]) == 0
+    html = page.read_text("utf-8")
+    assert _overflow(html, tmp_path / "measure-episodes.html") == "overflow=0"
+    dom = Page(_chromium("--dump-dom", page.as_uri(), tmp=tmp_path))
+    assert not [a for tag, a in dom.tags if tag == "img" or a.get("id") == "pwned"]
+    assert INJECTED in "".join(dom.text)

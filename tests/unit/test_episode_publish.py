@@ -20,10 +20,10 @@ from pytest_memeval.tools.publish import (
     suite_properties,
 )
 from pytest_memeval.tools.publish.tracking import (
+    GitState,
     finished_run_metrics,
     run_params,
     run_tags,
-    GitState,
 )
 from pytest_memeval.tools.report import load_episode_run, write_report
 
@@ -109,10 +109,14 @@ def test_junit_suite_properties_of_an_episode_run(run_dir: Path) -> None:
     assert props["memeval.kind"] == "episodes" and props["memeval.complete"] == "false"
     assert props["memeval.success_rate"] == f"{1 / 3:.6f}"
     assert (props["memeval.success.correct"], props["memeval.success.total"]) == ("1", "3")
-    assert float(props["memeval.success.ci95_low"]) < 1 / 3 < float(props["memeval.success.ci95_high"])
+    assert (
+        float(props["memeval.success.ci95_low"]) < 1 / 3 < float(props["memeval.success.ci95_high"])
+    )
     assert props["memeval.errors"] == "1" and props["memeval.missing"] == "1"
     assert props["memeval.reason.invalid_actions"] == "1"
-    assert props["memeval.invalid_actions"] == "1" and props["memeval.fingerprint.model"] == "sha256:m"
+    assert (
+        props["memeval.invalid_actions"] == "1" and props["memeval.fingerprint.model"] == "sha256:m"
+    )
     junit = run_dir.parent / "junit.xml"
     junit.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest"/></testsuites>')
     assert add_suite_properties(junit, list(props.items())) == 1

@@ -4,7 +4,8 @@
 is gathered in :mod:`.model`, its charts' geometry in :mod:`.charts`, the pages rendered in
 :mod:`.pages`; the Markdown of runs in :mod:`.markdown` (also the CI step summary's body);
 pytest-html's summary and per-scenario extra in :mod:`.pieces`, put on pytest-html's page by
-the plugin :mod:`.plugin`; a closed-loop run's page and Markdown in :mod:`.episodes`. Markup in ``templates/``, CSS and JS in ``static/``, one Jinja2
+the plugin :mod:`.plugin`; a closed-loop run's page and Markdown in
+:mod:`.episodes`. Markup in ``templates/``, CSS and JS in ``static/``, one Jinja2
 environment in :mod:`.templating`. This package's names are imported from here, never from
 its modules.
 """

@@ -115,7 +115,9 @@ def number_rows(numbers: EpisodeMetrics) -> list[NumberRow]:
     """The numbers of a run (or a slice) as rows, shared by the HTML page and the Markdown."""
     steps, invalid = numbers["steps"], numbers["invalid_actions"]
     ended = ", ".join(
-        f"{reason.replace('_', ' ')} {count}" for reason, count in numbers["reasons"].items() if count
+        f"{reason.replace('_', ' ')} {count}"
+        for reason, count in numbers["reasons"].items()
+        if count
     )
     return [
         NumberRow(
