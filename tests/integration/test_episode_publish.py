@@ -49,6 +49,7 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     summary = root / "step-summary.md"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["GITHUB_STEP_SUMMARY"] = str(summary)
+    env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # a file: store, no database (MLflow 3 asks)
     args = ["--ckpt", "twc", "-n", "0", "--junitxml=junit.xml"]
     mlflow = None
     if importlib.util.find_spec("mlflow") is not None:  # the extra: log the run too

@@ -91,14 +91,16 @@ def load_episode_run(path: Path) -> EpisodeRun:
     for needed in (metrics_path, predictions):
         if not needed.is_file():
             raise CompareError(f"{needed}: no such file (not a run directory?)")
+    if not is_episode_run(path):
+        raise CompareError(f"{metrics_path}: not the metrics of an episode run")
     try:
         metrics = json.loads(metrics_path.read_text("utf-8"))
         records = read_episode_records(predictions)
         differences = recount_episodes(predictions, metrics)
-    except (OSError, ValueError, EpisodeRecordError) as exc:
+    except EpisodeRecordError as exc:
+        raise CompareError(str(exc)) from None  # it names the file, line and field
+    except (OSError, ValueError) as exc:
         raise CompareError(f"{metrics_path}: {exc}") from None
-    if not isinstance(metrics, dict) or metrics.get("kind") != EPISODES_KIND:
-        raise CompareError(f"{metrics_path}: not the metrics of an episode run")
     if differences:
         raise CompareError(
             f"{metrics_path}: the numbers differ from the recount of {predictions} "

@@ -18,13 +18,16 @@ from pytest_memeval.tools.publish.tracking.fields import (
     slice_metric_name,
     stage_artifacts,
 )
+from pytest_memeval.tools.publish.tracking.mlflow import MlflowTarget, log_finished_run
 
 __all__ = [
     "GitState",
+    "MlflowTarget",
     "episode_params",
     "episode_run_metrics",
     "finished_run_metrics",
     "git_state",
+    "log_finished_run",
     "rate_metrics",
     "run_metrics",
     "run_params",

@@ -205,14 +205,15 @@ def run_metrics(metrics: Metrics) -> dict[str, float]:
 
 #: Characters a tag may hold (docs/results-schema.md, "Tags and meta") that MLflow refuses in a
 #: metric name (it takes letters, digits, ``_ - . : /`` and spaces), each spelled out between
-#: spaces: a tag holds no space, so two tags never share a name.
-_SPELLED_OUT = {"+": " plus ", "@": " at "}
+#: spaces: a tag holds no space, so two tags never share a name. ``=`` is in an episode run's
+#: parameter tags (``numLocations=1``).
+_SPELLED_OUT = {"+": " plus ", "@": " at ", "=": " eq "}
 
 
 def slice_metric_name(tag: str) -> str:
     """``slice/<tag>``: the prefix of one slice's metrics (``slice/query:door-state/m1``,
-    ``.../m1_ci95_low``, ``.../n``), with ``+`` and ``@`` spelled out (`` plus ``, `` at ``)
-    for trackers that refuse them."""
+    ``.../m1_ci95_low``, ``.../n``), with ``+``, ``@`` and ``=`` spelled out (`` plus ``,
+    `` at ``, `` eq ``) for trackers that refuse them."""
     return "slice/" + "".join(_SPELLED_OUT.get(c, c) for c in tag)
 
 
