@@ -105,9 +105,13 @@ def test_the_junit_suite_carries_the_run_and_each_episode(published: dict[str, A
     assert all(c.find("properties/property[@name='memeval_seed']") is not None for c in cases)
 
 
-def test_the_run_is_logged_to_mlflow(published: dict[str, Any]) -> None:
+def test_the_run_is_logged_to_mlflow(
+    published: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     if published["mlflow"] is None:
         pytest.skip("MLflow is in the test extra (pytest-memeval[mlflow])")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert "memeval: MLflow run " in published["out"], published["out"][-2000:]
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=published["mlflow"])
