@@ -106,7 +106,7 @@ def load_episode_run(path: Path) -> EpisodeRun:
             f"{metrics_path}: the numbers differ from the recount of {predictions} "
             f"({', '.join(differences)})"
         )
-    return EpisodeRun(path, metrics, records)  # type: ignore[arg-type]  # kind checked above
+    return EpisodeRun(path, metrics, records)  # its kind checked above
 
 
 def _num(value: float | None) -> str:
