@@ -25,8 +25,8 @@ SPEC = parse_env_spec(
         "seeds": "0-4",
     }
 )
-#: a plugin environment's own tag, long and without a space (it must wrap in the slice table)
-LONG_TAG = "curriculum:" + "-".join(["kitchen", "bathroom", "laundry", "garden", "attic"] * 8)
+#: a plugin environment's own tag, long, with no space or hyphen to break at (it must wrap)
+LONG_TAG = "curriculum:" + "_".join(["kitchen", "bathroom", "laundry", "garden", "attic"] * 8)
 
 
 def _steps(pairs: list[tuple[str, str, bool | None]]) -> tuple[StepRecord, ...]:
