@@ -41,11 +41,24 @@ env = {{ {ENV}, seeds = "0-2", max_steps = 2 }}
 """
 
 
+#: a team's own publisher: what it receives for an episode run
+TEAM_PUBLISHER = """
+import json
+
+def pytest_memeval_run_finished(config, run):
+    seen = {"kind": run.kind, "ckpt": run.ckpt, "complete": run.complete,
+            "episodes": run.episodes["episodes"]["episodes"], "gate": run.gate is None,
+            "same": run.metrics is run.episodes, "run_dir": str(run.run_dir)}
+    (config.rootpath / "team.json").write_text(json.dumps(seen))
+"""
+
+
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_textworld()
     root = tmp_path_factory.mktemp("episode-publish")
     (root / "pyproject.toml").write_text(textwrap.dedent(PROFILE), "utf-8")
+    (root / "conftest.py").write_text(textwrap.dedent(TEAM_PUBLISHER), "utf-8")
     summary = root / "step-summary.md"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["GITHUB_STEP_SUMMARY"] = str(summary)
@@ -77,6 +90,8 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "metrics": json.loads((run_dir / "metrics.json").read_text("utf-8")),
         "page": page.read_text("utf-8"),
         "mlflow": mlflow,
+        "team": json.loads((root / "team.json").read_text("utf-8")),
+        "run_dir": run_dir,
     }
 
 
@@ -132,3 +147,15 @@ def test_the_report_shows_each_trajectory(published: dict[str, Any]) -> None:
         assert f"twc-{seed}" in visible
     assert html.count("<tr><td class='num'>0</td>") == 3  # each episode's first observation
     assert html.count("class='steps'") == 3 and records_total > 0
+
+
+def test_a_teams_publisher_gets_the_episode_run(published: dict[str, Any]) -> None:
+    assert published["team"] == {
+        "kind": "episodes",
+        "ckpt": "twc",
+        "complete": True,
+        "episodes": 3,
+        "gate": True,
+        "same": True,
+        "run_dir": str(published["run_dir"]),
+    }
