@@ -136,6 +136,9 @@ def test_the_run_is_logged_to_mlflow(
     assert run.data.params["run_kind"] == "episodes" and run.data.params["env.game"] == "twc"
     assert run.data.metrics["success_total"] == 3.0
     assert run.data.metrics["steps"] == published["metrics"]["episodes"]["steps"]["total"]
+    # The artifacts: the run's files, its episode page and its Markdown summary.
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"run", "report.html", "summary.md"} <= names, names
 
 
 def test_the_report_shows_each_trajectory(published: dict[str, Any]) -> None:
