@@ -96,6 +96,18 @@ def test_a_tampered_episode_run_is_refused_naming_its_file(run_dir: Path) -> Non
     assert not (run_dir.parent / "two.html").exists()
 
 
+def test_a_malformed_record_is_refused_naming_file_and_line(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with (run_dir / "predictions.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write('{"kind": "episode"}\n')
+    page = run_dir.parent / "report.html"
+    assert main(["report", str(run_dir), "-o", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert f"memeval report: refused: {run_dir / 'predictions.jsonl'}:5: missing field 'id'" in err
+    assert not page.exists()
+
+
 def test_markdown_of_an_episode_run(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(run_dir), "--format", "markdown"]) == 0
     text = capsys.readouterr().out
