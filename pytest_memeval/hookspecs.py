@@ -100,6 +100,16 @@ def pytest_memeval_run_finished(config: pytest.Config, run: FinishedRun) -> None
     experiment tracker) should skip the others, as the bundled MLflow logger does. Not called
     when the session wrote no run (see :func:`pytest_memeval_run_written`).
 
+    A closed-loop run (a profile with an ``env`` table, docs/closed-loop.md) is published
+    too: then ``run.kind == "episodes"`` and ``run.episodes`` holds its ``metrics.json``
+    (``EpisodeRunMetrics``: success with its 95% interval, mean score, steps, invalid
+    actions, termination reasons, slices); ``run.metrics`` is that same document, which
+    shares ``kind``, ``profile``, ``complete`` and ``fingerprints`` with a scenario run's and
+    has no ``m1``/``m2``: an implementation that knows only scenario runs should return when
+    ``run.episodes is not None``. ``run.gate`` and ``run.baseline`` are ``None`` for it, and
+    ``run.run_dir`` is the run directory itself. For a scenario run ``run.episodes`` is
+    ``None`` (``run.kind == "scenarios"``).
+
     The bundled step summary (``$GITHUB_STEP_SUMMARY``, ``--memeval-summary-md``), the JUnit
     properties (``--junitxml``) and the MLflow logger (``--memeval-mlflow``) are
     implementations of this hook. Say what you published with

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
+from ..episode_runs import write_episode_run
 from ..pages import INJECTED, Page, injected_runs
 from ..runfactory import make_record, seed_runs, write_run
 
@@ -118,18 +119,46 @@ def test_summary_tables_fit_a_1400_pixel_window(tmp_path: Path) -> None:
         assert main(["report", *map(str, runs), "-o", str(page)]) == 0
         html = page.read_text("utf-8")
         assert f"title='{a}'" in html and f"…/runs/{a.name}</small>" in html
-        measure = tmp_path / f"measure-{name}"
-        measure.write_text(
-            re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
-                "</body>",
-                "<script>window.addEventListener('load', () => {"
-                "document.title = 'overflow=' + (document.documentElement.scrollWidth - "
-                "document.documentElement.clientWidth);});</script></body>",
-            ),
-            "utf-8",
-        )
-        dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=tmp_path)
-        assert "<title>overflow=0</title>" in dom, (name, re.findall(r"<title>[^<]*", dom)[:1])
+        assert _overflow(html, tmp_path / f"measure-{name}") == "overflow=0", name
+
+
+def _overflow(html: str, measure: Path, *, boxes: bool = False) -> str:
+    """How far the page reaches past a 1400-pixel window, measured by the browser: a copy of
+    the page (its policy removed) whose script writes the scroll width into its title.
+    ``boxes``: the widest overflow of a scrolling box (``.wide``) counts too."""
+    widest = (
+        "Math.max(0, ...[...document.querySelectorAll('.wide')].map("
+        "e => e.scrollWidth - e.clientWidth))"
+        if boxes
+        else "0"
+    )
+    measure.write_text(
+        re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
+            "</body>",
+            "<script>window.addEventListener('load', () => {"
+            "document.title = 'overflow=' + Math.max(document.documentElement.scrollWidth - "
+            f"document.documentElement.clientWidth, {widest});}});</script></body>",
+        ),
+        "utf-8",
+    )
+    dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=measure.parent)
+    titles = re.findall(r"<title>([^<]*)", dom)
+    return titles[0] if titles else dom[-500:]
+
+
+def test_the_episode_page_fits_a_1400_pixel_window(tmp_path: Path) -> None:
+    """An episode run's page (long slice tags, an action full of markup) stays inside the
+    window, and the action's markup stays text in the browser too."""
+    run = tmp_path / "runs" / "smol-twc"
+    write_episode_run(run)
+    page = tmp_path / "episodes.html"
+    assert main(["report", str(run), "-o", str(page)]) == 0
+    html = page.read_text("utf-8")
+    assert "class='wide'" in html  # the by-slice table is measured, not only the page
+    assert _overflow(html, tmp_path / "measure-episodes.html", boxes=True) == "overflow=0"
+    dom = Page(_chromium("--dump-dom", page.as_uri(), tmp=tmp_path))
+    assert not [a for tag, a in dom.tags if tag == "img" or a.get("id") == "pwned"]
+    assert INJECTED in "".join(dom.text)
 
 
 def test_the_by_slice_comparison_fits_and_its_rows_stay_a_few_lines(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pytest_memeval.tools.publish.junit import (
     VALUE_LIMIT,
     add_suite_properties,
     case_properties,
+    episode_suite_properties,
     suite_properties,
 )
 from pytest_memeval.tools.publish.step_summary import finished_run_markdown
@@ -24,6 +25,7 @@ __all__ = [
     "Output",
     "add_suite_properties",
     "case_properties",
+    "episode_suite_properties",
     "finished_run_markdown",
     "report_output",
     "suite_properties",

@@ -24,13 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from pytest_memeval.core.episode_records import EpisodeRunMetrics
 from pytest_memeval.core.profiles import Profile
 from pytest_memeval.core.records import Metrics
 from pytest_memeval.runtime.controller import MemevalController
+from pytest_memeval.runtime.episodes import CONTROLLER_NAME as EPISODE_CONTROLLER
+from pytest_memeval.runtime.episodes import EPISODE_STATE_KEY, EpisodeController
 from pytest_memeval.runtime.state import STATE_KEY, is_worker
 from pytest_memeval.tools.gate import GateOutcome, MemevalGate
 
@@ -48,7 +51,9 @@ class FinishedRun:
     run_dir: Path
     #: the run directory itself (``runs/<ckpt>``, ``--memeval-out``)
     run_root: Path
-    #: ``metrics.json`` as written (recounted)
+    #: ``metrics.json`` as written (recounted). For an episode run (:attr:`episodes` set) it
+    #: is that run's ``metrics.json`` too, of kind ``"episodes"``: no ``m1``/``m2``, but
+    #: ``kind``, ``profile``, ``complete`` and ``fingerprints`` as a scenario run's
     metrics: Metrics
     #: the profile as evaluated (command-line overrides applied)
     profile: Profile
@@ -60,6 +65,15 @@ class FinishedRun:
     baseline: Path | None = None
     #: pytest-html's report (``--html``), written by now, or None
     html_report: Path | None = None
+    #: a closed-loop run's ``metrics.json`` (``EpisodeRunMetrics``, kind ``"episodes"``:
+    #: success with its interval, score, steps, invalid actions, termination reasons, slices;
+    #: docs/closed-loop.md), or None for a scenario run
+    episodes: EpisodeRunMetrics | None = None
+
+    @property
+    def kind(self) -> str:
+        """``"scenarios"`` or ``"episodes"`` (a closed-loop run: read :attr:`episodes`)."""
+        return "scenarios" if self.episodes is None else "episodes"
 
     @property
     def complete(self) -> bool:
@@ -107,6 +121,9 @@ class _Publisher:
         return result
 
     def _finished_run(self, session: pytest.Session) -> FinishedRun | None:
+        episodes = self._finished_episodes(session)
+        if episodes is not None:
+            return episodes
         controller = self.config.pluginmanager.get_plugin("memeval-controller")
         state = self.config.stash.get(STATE_KEY, None)
         if not isinstance(controller, MemevalController) or state is None:
@@ -136,6 +153,25 @@ class _Publisher:
             gate=outcome,
             baseline=baseline,
             html_report=_invocation_path(self.config, html) if html else None,
+        )
+
+    def _finished_episodes(self, session: pytest.Session) -> FinishedRun | None:
+        """A closed-loop run's (its controller wrote the run directory), else None."""
+        controller = self.config.pluginmanager.get_plugin(EPISODE_CONTROLLER)
+        if not isinstance(controller, EpisodeController) or controller.metrics is None:
+            return None
+        state = controller.state
+        html = self.config.getoption("htmlpath", None)
+        return FinishedRun(
+            ckpt=state.profile.name,
+            run_dir=state.run_dir,
+            run_root=state.run_dir,
+            # The same document, for implementations that read only what both kinds share.
+            metrics=cast(Metrics, controller.metrics),
+            profile=state.profile,
+            exitstatus=int(session.exitstatus),
+            html_report=_invocation_path(self.config, html) if html else None,
+            episodes=controller.metrics,
         )
 
     # trylast: after the memeval and gate sections, as pytest's own "generated xml file" line.
@@ -182,6 +218,8 @@ def _call_each(config: pytest.Config, run: FinishedRun) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    if is_worker(config) or STATE_KEY not in config.stash:
-        return  # workers publish nothing; without --ckpt there is no run
+    if is_worker(config):
+        return  # workers publish nothing
+    if STATE_KEY not in config.stash and EPISODE_STATE_KEY not in config.stash:
+        return  # without --ckpt there is no run
     config.pluginmanager.register(_Publisher(config), "memeval-publisher")

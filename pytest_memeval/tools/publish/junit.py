@@ -48,6 +48,7 @@ __all__ = [
     "add_suite_properties",
     "case_properties",
     "case_properties_wanted",
+    "episode_suite_properties",
     "suite_properties",
 ]
 
@@ -166,9 +167,60 @@ def _num(value: object) -> str:
     return f"{value:.6f}" if isinstance(value, float) else str(value)
 
 
+def _num_or_na(value: float | None) -> str:
+    return "n/a" if value is None else _num(value)
+
+
+def episode_suite_properties(run: FinishedRun) -> list[tuple[str, str]]:
+    """The ``<testsuite>`` properties of an episode run: what it ran, the success rate with
+    its 95% interval, the mean score, steps, invalid actions, each termination reason,
+    completeness and the fingerprints (``memeval.success_rate``, ``memeval.success.ci95_low``,
+    ``memeval.reason.step_limit``, ...)."""
+    m = run.episodes
+    if m is None:
+        raise ValueError(f"{run.run_dir}: not an episode run")
+    numbers, success = m["episodes"], m["episodes"]["success"]
+    props = [
+        ("memeval.ckpt", run.ckpt),
+        ("memeval.run_dir", str(run.run_dir)),
+        ("memeval.kind", "episodes"),
+        ("memeval.complete", "true" if run.complete else "false"),
+        ("memeval.episodes", str(numbers["episodes"])),
+        ("memeval.missing", str(len(m["missing"]))),
+        ("memeval.errors", str(numbers["errors"])),
+        ("memeval.success_rate", _num_or_na(success["rate"])),
+        ("memeval.success.correct", str(success["correct"])),
+        ("memeval.success.total", str(success["total"])),
+    ]
+    ci = success.get("ci95")
+    if ci:
+        props += [
+            ("memeval.success.ci95_low", _num(float(ci[0]))),
+            ("memeval.success.ci95_high", _num(float(ci[1]))),
+            ("memeval.success.ci95_method", str(success.get("ci95_method"))),
+        ]
+    invalid = numbers["invalid_actions"]
+    props += [
+        ("memeval.mean_score", _num_or_na(numbers["mean_score"])),
+        ("memeval.steps", str(numbers["steps"]["total"])),
+        ("memeval.steps.mean", _num_or_na(numbers["steps"]["mean"])),
+        ("memeval.invalid_actions", str(invalid["invalid"])),
+        ("memeval.invalid_actions.judged", str(invalid["judged"])),
+        ("memeval.invalid_actions.rate", _num_or_na(invalid["rate"])),
+        ("memeval.truncated_outputs", str(numbers["truncated_outputs"])),
+    ]
+    props += [(f"memeval.reason.{k}", str(v)) for k, v in sorted(numbers["reasons"].items())]
+    for part, value in sorted((m.get("fingerprints") or {}).items()):
+        props.append((f"memeval.fingerprint.{part}", str(value)))
+    return props
+
+
 def suite_properties(run: FinishedRun) -> list[tuple[str, str]]:
     """The ``<testsuite>`` properties of a finished session's run: what it evaluated, m1 and
-    m2 with their 95% intervals, completeness, the fingerprints and the gate's verdict."""
+    m2 with their 95% intervals, completeness, the fingerprints and the gate's verdict (of an
+    episode run: :func:`episode_suite_properties`)."""
+    if run.episodes is not None:
+        return episode_suite_properties(run)
     m: Metrics = run.metrics
     props = [
         ("memeval.ckpt", run.ckpt),

@@ -24,7 +24,7 @@ from pytest_memeval.core.records import RecordError, read_records
 from pytest_memeval.core.rundir import PREDICTIONS
 from pytest_memeval.tools.compare import CompareError, compare_runs, load_run
 from pytest_memeval.tools.publish.finished import FinishedRun, report_output
-from pytest_memeval.tools.report import MarkdownRun, run_markdown
+from pytest_memeval.tools.report import MarkdownRun, episode_markdown, run_markdown
 
 __all__ = ["GITHUB_STEP_SUMMARY", "append_text", "finished_run_markdown", "summary_target"]
 
@@ -77,7 +77,10 @@ def append_text(path: Path, text: str) -> None:
 
 
 def finished_run_markdown(run: FinishedRun) -> str:
-    """The Markdown summary of a finished session's run (with its gate and baseline)."""
+    """The Markdown summary of a finished session's run (with its gate and baseline); of an
+    episode run, its numbers and slices (:func:`~pytest_memeval.tools.report.episode_markdown`)."""
+    if run.episodes is not None:
+        return episode_markdown(run.label, run.run_dir, run.episodes, exitstatus=run.exitstatus)
     records = {rec["id"]: rec for rec in read_records(run.run_dir / PREDICTIONS)}
     this = MarkdownRun(run.label, run.run_dir, run.metrics, records)
     baseline = pair = None

@@ -4,7 +4,8 @@
 is gathered in :mod:`.model`, its charts' geometry in :mod:`.charts`, the pages rendered in
 :mod:`.pages`; the Markdown of runs in :mod:`.markdown` (also the CI step summary's body);
 pytest-html's summary and per-scenario extra in :mod:`.pieces`, put on pytest-html's page by
-the plugin :mod:`.plugin`. Markup in ``templates/``, CSS and JS in ``static/``, one Jinja2
+the plugin :mod:`.plugin`; a closed-loop run's page and Markdown in
+:mod:`.episodes`. Markup in ``templates/``, CSS and JS in ``static/``, one Jinja2
 environment in :mod:`.templating`. This package's names are imported from here, never from
 its modules.
 """
@@ -12,6 +13,13 @@ its modules.
 from __future__ import annotations
 
 from pytest_memeval.tools.report.command import write_report
+from pytest_memeval.tools.report.episodes import (
+    EpisodeRun,
+    episode_markdown,
+    is_episode_run,
+    load_episode_run,
+    render_episode_report,
+)
 from pytest_memeval.tools.report.markdown import (
     ROWS,
     TEXT_LIMIT,
@@ -28,12 +36,17 @@ from pytest_memeval.tools.report.templating import environment, render, static_t
 __all__ = [
     "ROWS",
     "TEXT_LIMIT",
+    "EpisodeRun",
     "MarkdownRun",
     "environment",
+    "episode_markdown",
+    "is_episode_run",
+    "load_episode_run",
     "markdown_report",
     "md_code",
     "md_text",
     "render",
+    "render_episode_report",
     "render_many",
     "render_report",
     "run_markdown",

@@ -30,6 +30,12 @@ from pathlib import Path
 
 from pytest_memeval.core.rundir import atomic_write
 from pytest_memeval.tools.compare import CompareError, load_run, slice_arguments
+from pytest_memeval.tools.report.episodes import (
+    episode_markdown,
+    is_episode_run,
+    load_episode_run,
+    render_episode_report,
+)
 from pytest_memeval.tools.report.markdown import markdown_report
 from pytest_memeval.tools.report.pages import render_many, render_report
 from pytest_memeval.tools.report.pieces import scenario_detail_html, summary_html
@@ -50,16 +56,43 @@ def write_report(
 ) -> None:
     """Load, check and render runs into ``output`` (atomically; raises CompareError).
 
-    One run: that run; two: A against B; more: each against the first (the baseline).
+    One run: that run; two: A against B; more: each against the first (the baseline). An
+    episode run (``metrics.json`` of kind ``episodes``) gets its own page, alone
+    (:mod:`.episodes`).
     ``slices`` and ``method``: the per-slice comparison's slices and correction.
     """
+    atomic_write(output, [_page(paths, slices=slices, method=method)])
+
+
+def _episode_path(paths: Sequence[Path]) -> Path | None:
+    """The one episode run among ``paths`` (its own page, :mod:`.episodes`), or None."""
+    episodes = [p for p in paths if is_episode_run(p)]
+    if not episodes:
+        return None
+    if len(paths) > 1:
+        raise CompareError(
+            f"{episodes[0]} is an episode run: memeval report shows one episode run at a time "
+            "(compare episode runs with memeval compare)"
+        )
+    return episodes[0]
+
+
+def _page(paths: Sequence[Path], *, slices: Sequence[str], method: str) -> str:
+    episode_run = _episode_path(paths)
+    if episode_run is not None:
+        return render_episode_report(load_episode_run(episode_run))
     runs = [load_run(p) for p in paths]
-    page = (
-        render_report(runs, slices=slices, method=method)
-        if len(runs) <= 2
-        else render_many(runs[0], runs[1:], slices=slices, method=method)
-    )
-    atomic_write(output, [page])
+    if len(runs) <= 2:
+        return render_report(runs, slices=slices, method=method)
+    return render_many(runs[0], runs[1:], slices=slices, method=method)
+
+
+def _markdown(paths: Sequence[Path]) -> str:
+    episode_run = _episode_path(paths)
+    if episode_run is None:
+        return markdown_report(paths)
+    run = load_episode_run(episode_run)
+    return episode_markdown(run.label, run.path, run.metrics)
 
 
 def cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,16 +133,11 @@ def cli_main(args: argparse.Namespace) -> int:
     try:
         if markdown:
             # The Markdown summary has no per-slice table yet (the HTML page has one).
-            text = markdown_report(paths)
+            text = _markdown(paths)
         elif str(output) != "-":
             write_report(paths, output, slices=args.slices, method=args.correction)
         else:
-            runs = [load_run(p) for p in paths]
-            text = (
-                render_report(runs, slices=args.slices, method=args.correction)
-                if len(runs) <= 2
-                else render_many(runs[0], runs[1:], slices=args.slices, method=args.correction)
-            )
+            text = _page(paths, slices=args.slices, method=args.correction)
     except CompareError as exc:
         print(f"memeval report: refused: {exc}", file=sys.stderr)
         return 2

@@ -43,12 +43,12 @@ from pytest_memeval.tools.report.model import (
 )
 from pytest_memeval.tools.report.templating import render, static_text
 
-__all__ = ["render_many", "render_report"]
+__all__ = ["generated_at", "page_csp", "render_many", "render_report"]
 
 LETTERS = ("A", "B")
 
 
-def _csp(script: str | None) -> str:
+def page_csp(script: str | None) -> str:
     """The page's Content-Security-Policy: nothing from outside; our inline script by hash."""
     policy = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
     if script is None:
@@ -57,7 +57,8 @@ def _csp(script: str | None) -> str:
     return f"{policy}; script-src 'sha256-{digest}'"
 
 
-def _generated() -> str:
+def generated_at() -> str:
+    """The page's time stamp: now, in UTC, to the second."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -106,8 +107,8 @@ def render_report(
     return render(
         "one_or_two.html",
         title="memeval report: " + " vs ".join(s["label"] for s in summaries),
-        csp=_csp(static_text("report.js")),
-        generated=_generated(),
+        csp=page_csp(static_text("report.js")),
+        generated=generated_at(),
         n=pair["n"] if pair is not None else runs[0].metrics["n"],
         notes=pair["notes"] if pair is not None else [],
         letters=LETTERS[: len(runs)],
@@ -138,8 +139,8 @@ def render_many(
     return render(
         "many.html",
         title=f"memeval report: {len(runs)} runs against {result['baseline']['label']}",
-        csp=_csp(None),  # no script on this page
-        generated=_generated(),
+        csp=page_csp(None),  # no script on this page
+        generated=generated_at(),
         n=result["n"],
         leaderboard=result["leaderboard"],
         forest=forest_plot(result),

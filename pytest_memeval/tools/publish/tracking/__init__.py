@@ -7,6 +7,9 @@ metrics, tags, artifacts) is decided once, tracker-neutrally, in :mod:`.fields`.
 
 from pytest_memeval.tools.publish.tracking.fields import (
     GitState,
+    episode_params,
+    episode_run_metrics,
+    finished_run_metrics,
     git_state,
     rate_metrics,
     run_metrics,
@@ -15,10 +18,16 @@ from pytest_memeval.tools.publish.tracking.fields import (
     slice_metric_name,
     stage_artifacts,
 )
+from pytest_memeval.tools.publish.tracking.mlflow import MlflowTarget, log_finished_run
 
 __all__ = [
     "GitState",
+    "MlflowTarget",
+    "episode_params",
+    "episode_run_metrics",
+    "finished_run_metrics",
     "git_state",
+    "log_finished_run",
     "rate_metrics",
     "run_metrics",
     "run_params",

@@ -18,6 +18,7 @@ any other tracker a team plugs into ``pytest_memeval_run_finished`` log the same
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from pytest_memeval.core.episode_records import EpisodeRunMetrics
+from pytest_memeval.core.episodes import EpisodeMetrics
 from pytest_memeval.core.history import history_of
 from pytest_memeval.core.records import Metrics, RateBlock
 from pytest_memeval.core.rundir import JOURNAL, METRICS, PREDICTIONS
@@ -36,6 +39,9 @@ from pytest_memeval.tools.report import write_report
 
 __all__ = [
     "GitState",
+    "episode_params",
+    "episode_run_metrics",
+    "finished_run_metrics",
     "git_state",
     "rate_metrics",
     "run_metrics",
@@ -55,8 +61,72 @@ def _cut(text: str) -> str:
     return text if len(text) <= PARAM_LIMIT else text[: PARAM_LIMIT - 1] + "…"
 
 
+def episode_params(run: FinishedRun, m: EpisodeRunMetrics) -> dict[str, str]:
+    """What an episode run ran: the profile, model and adapter, the environment (``env.*``:
+    backend, version, game, parameters, fold, seeds, limits) and the fingerprints."""
+    profile = run.profile
+    params: dict[str, str] = {
+        "ckpt": run.ckpt,
+        "kind": profile.kind,
+        "run_kind": "episodes",
+        "episodes": str(m["episodes"]["episodes"]),
+    }
+    if profile.kind == "model":
+        params["model"] = str(profile.model)
+        params["adapter"] = str(profile.adapter) if profile.adapter is not None else "none"
+    for key, value in sorted(m["env"].items()):
+        params[f"env.{key}"] = value if isinstance(value, str) else json.dumps(value)
+    for part, value in sorted(m["fingerprints"].items()):
+        params[f"fingerprint.{part}"] = value if isinstance(value, str) else json.dumps(value)
+    return {key: _cut(value) for key, value in params.items()}
+
+
+def _episode_numbers(prefix: str, numbers: EpisodeMetrics) -> dict[str, float]:
+    """``<prefix>success`` (with its interval and counts), score, steps, invalid actions,
+    truncated outputs and each termination reason's count."""
+    out = rate_metrics(f"{prefix}success", numbers["success"])
+    out[f"{prefix}episodes"] = float(numbers["episodes"])
+    out[f"{prefix}errors"] = float(numbers["errors"])
+    optional = {
+        "mean_score": numbers["mean_score"],
+        "steps_mean": numbers["steps"]["mean"],
+        "steps_mean_successful": numbers["steps"]["mean_successful"],
+        "invalid_action_rate": numbers["invalid_actions"]["rate"],
+    }
+    out.update({f"{prefix}{k}": float(v) for k, v in optional.items() if v is not None})
+    out[f"{prefix}steps"] = float(numbers["steps"]["total"])
+    out[f"{prefix}invalid_actions"] = float(numbers["invalid_actions"]["invalid"])
+    out[f"{prefix}truncated_outputs"] = float(numbers["truncated_outputs"])
+    for reason, count in numbers["reasons"].items():
+        out[f"{prefix}reason/{reason}"] = float(count)
+    return out
+
+
+def episode_run_metrics(metrics: EpisodeRunMetrics) -> dict[str, float]:
+    """An episode run's numbers (``success`` with ``success_ci95_low``/``_high``,
+    ``mean_score``, ``steps_mean``, ``invalid_action_rate``, ``reason/<reason>``, ...), the
+    wall time, and each slice's under :func:`slice_metric_name` (``slice/game:twc/success``)."""
+    out = _episode_numbers("", metrics["episodes"])
+    if isinstance(metrics["wall_s"], (int, float)):
+        out["wall_s"] = float(metrics["wall_s"])
+    for tag, block in metrics["slices"].items():
+        out.update(_episode_numbers(f"{slice_metric_name(tag)}/", block))
+    return out
+
+
+def finished_run_metrics(run: FinishedRun) -> dict[str, float]:
+    """The numbers a tracker logs of ``run``: :func:`run_metrics` of a scenario run,
+    :func:`episode_run_metrics` of an episode run."""
+    if run.episodes is not None:
+        return episode_run_metrics(run.episodes)
+    return run_metrics(run.metrics)
+
+
 def run_params(run: FinishedRun) -> dict[str, str]:
-    """What was evaluated and how (each value a string, cut at :data:`PARAM_LIMIT`)."""
+    """What was evaluated and how (each value a string, cut at :data:`PARAM_LIMIT`); of an
+    episode run, :func:`episode_params`."""
+    if run.episodes is not None:
+        return episode_params(run, run.episodes)
     profile, m = run.profile, run.metrics
     fingerprints = m.get("fingerprints") or {}
     decoding = m.get("decoding") or {}
@@ -135,14 +205,15 @@ def run_metrics(metrics: Metrics) -> dict[str, float]:
 
 #: Characters a tag may hold (docs/results-schema.md, "Tags and meta") that MLflow refuses in a
 #: metric name (it takes letters, digits, ``_ - . : /`` and spaces), each spelled out between
-#: spaces: a tag holds no space, so two tags never share a name.
-_SPELLED_OUT = {"+": " plus ", "@": " at "}
+#: spaces: a tag holds no space, so two tags never share a name. ``=`` is in an episode run's
+#: parameter tags (``numLocations=1``).
+_SPELLED_OUT = {"+": " plus ", "@": " at ", "=": " eq "}
 
 
 def slice_metric_name(tag: str) -> str:
     """``slice/<tag>``: the prefix of one slice's metrics (``slice/query:door-state/m1``,
-    ``.../m1_ci95_low``, ``.../n``), with ``+`` and ``@`` spelled out (`` plus ``, `` at ``)
-    for trackers that refuse them."""
+    ``.../m1_ci95_low``, ``.../n``), with ``+``, ``@`` and ``=`` spelled out (`` plus ``,
+    `` at ``, `` eq ``) for trackers that refuse them."""
     return "slice/" + "".join(_SPELLED_OUT.get(c, c) for c in tag)
 
 
@@ -193,6 +264,7 @@ def run_tags(run: FinishedRun, git: GitState) -> dict[str, str]:
         "memeval.exitstatus": str(run.exitstatus),
         "memeval.run_dir": str(run.run_dir),
         "memeval.version": metadata.version("pytest-memeval"),
+        "memeval.kind": run.kind,
     }
     if run.baseline is not None:
         tags["memeval.baseline"] = str(run.baseline)

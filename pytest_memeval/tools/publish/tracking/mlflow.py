@@ -39,11 +39,12 @@ from typing import TYPE_CHECKING, TypeVar
 import pytest
 
 from pytest_memeval.core.noise import third_party_noise_filtered
+from pytest_memeval.runtime.episodes import EPISODE_STATE_KEY
 from pytest_memeval.runtime.state import STATE_KEY, is_worker
 from pytest_memeval.tools.publish.finished import FinishedRun, report_output
 from pytest_memeval.tools.publish.tracking.fields import (
+    finished_run_metrics,
     git_state,
-    run_metrics,
     run_params,
     run_tags,
     stage_artifacts,
@@ -156,7 +157,7 @@ def _log(target: MlflowTarget, run: FinishedRun, project_root: Path) -> str:
     run_id = str(created.info.run_id)
     try:
         now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, 0) for k, v in run_metrics(run.metrics).items()]
+        metrics = [Metric(k, v, now, 0) for k, v in finished_run_metrics(run).items()]
         params = [Param(k, v) for k, v in run_params(run).items()]
         for metric_chunk in _chunks(metrics, _BATCH_METRICS):
             client.log_batch(run_id, metrics=list(metric_chunk))
@@ -211,7 +212,7 @@ def pytest_configure(config: pytest.Config) -> None:
     target = mlflow_target(config)
     if target is None:
         return
-    if STATE_KEY not in config.stash:
+    if STATE_KEY not in config.stash and EPISODE_STATE_KEY not in config.stash:
         if config.getoption("memeval_mlflow", None):
             raise pytest.UsageError(
                 "--memeval-mlflow needs an evaluation: give --ckpt NAME (without it no run "
