@@ -47,7 +47,7 @@ class GateReporter:
 
     A subclass fills ``outcome.checks`` once the run is written (setting ``wrote_run``),
     counts in ``outcome.forgiven`` the failures the gate decides instead of the items, and
-    may override :meth:`run_finished` (called after every other ``pytest_sessionfinish``).
+    may override :meth:`run_finished` (called once, just before the verdict).
     """
 
     #: the check that fails when no run was written
@@ -65,12 +65,19 @@ class GateReporter:
         self.wrote_run = False
 
     def run_finished(self, session: pytest.Session) -> None:
-        """Hook for a subclass: the session's other finish hooks have run (default: none)."""
+        """Hook for a subclass, called once before the verdict: the session's plain
+        ``pytest_sessionfinish`` implementations (the controller's, which writes the run)
+        have run by then (default: nothing to do)."""
 
     def decide(self, session: pytest.Session) -> int:
-        """The session's exit status under the gate (computed once, then fixed)."""
+        """The session's exit status under the gate (computed once, then fixed).
+
+        First called after every plain ``pytest_sessionfinish``: from the terminal summary
+        (inside the terminal reporter's wrapper) or from this gate's own wrapper, whichever
+        comes first."""
         if self.outcome.exitstatus is not None:
             return self.outcome.exitstatus
+        self.run_finished(session)
         status = int(session.exitstatus)
         if not self.wrote_run:
             self.outcome.checks = [GateCheck("run written", False, self.not_written)]
@@ -96,7 +103,6 @@ class GateReporter:
         # A wrapper: the code after ``yield`` runs after every implementation, including the
         # controller's that writes the run.
         result = yield
-        self.run_finished(session)
         session.exitstatus = self.decide(session)
         return result
 
