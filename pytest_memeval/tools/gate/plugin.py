@@ -6,6 +6,9 @@ A model is never perfect, so "every eval item passed" is the wrong CI criterion.
   ``85%``);
 * ``--memeval-baseline RUN --memeval-max-drop PP``: m1 (and m2, where both runs score turns)
   may fall at most PP percentage points below the reference run's (default 0);
+* on a closed-loop run, ``--memeval-min-success RATE`` and the baseline's success rate
+  (:mod:`pytest_memeval.tools.gate.episodes`, which this module's ``pytest_configure`` hands
+  such a run to);
 * ``--memeval-expect RUN|FILE``: the eval items that failed in a reference run (or are listed
   in a committed file) are marked ``xfail(strict=False)``: only new failures fail, fixed ones
   show as XPASS.
