@@ -106,7 +106,8 @@ def pytest_memeval_run_finished(config: pytest.Config, run: FinishedRun) -> None
     actions, termination reasons, slices); ``run.metrics`` is that same document, which
     shares ``kind``, ``profile``, ``complete`` and ``fingerprints`` with a scenario run's and
     has no ``m1``/``m2``: an implementation that knows only scenario runs should return when
-    ``run.episodes is not None``. ``run.gate`` and ``run.baseline`` are ``None`` for it, and
+    ``run.episodes is not None``. ``run.gate`` is the closed-loop gate's outcome
+    (``--memeval-min-success``, ``--memeval-baseline``) or ``None`` without one, and
     ``run.run_dir`` is the run directory itself. For a scenario run ``run.episodes`` is
     ``None`` (``run.kind == "scenarios"``).
 

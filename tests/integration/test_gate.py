@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.core.episode_records import episode_record, finalize_episode_run
+from pytest_memeval.env import Episode, TerminationReason, parse_env_spec
 from pytest_memeval.tools.cli import main
 from pytest_memeval.tools.gate import (
     Baseline,
@@ -142,14 +144,40 @@ def test_known_failures_from_run_file_and_cli(
             ["--ckpt", "crafted", "--memeval-expect", "nothing.txt"],
             "nothing.txt: no such run directory",
         ),
+        (["--memeval-min-success", "0.5"], "--memeval-min-success need an evaluation"),
+        (
+            ["--ckpt", "crafted", "--memeval-min-success", "0.5"],
+            "--memeval-min-success is for closed-loop runs (a profile with an env)",
+        ),
+        (
+            ["--ckpt", "crafted", "--memeval-baseline", "episodes"],
+            "episodes: an episode run (closed loop); the baseline of a scenario run must be",
+        ),
     ],
 )
 def test_usage_errors(memeval_project: MemevalProject, args: list[str], message: str) -> None:
     recs = demo_records("baseline", 2)
     write_crafted(memeval_project, recs)
+    _episode_run(memeval_project.path / "episodes")
     result = memeval_project.pytester.runpytest(*args)  # in process: refused before any item
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in "\n".join(result.errlines + result.outlines)
+
+
+def _episode_run(path: Path) -> None:
+    """A closed-loop run directory of one episode (written as the episode controller does)."""
+    spec = parse_env_spec({"backend": "textworld_express", "game": "twc", "seeds": "0"})
+    episode = Episode(0, TerminationReason.STEP_LIMIT, (), "room", (), 0.0)
+    path.mkdir()
+    finalize_episode_run(
+        path,
+        profile="twc",
+        env=spec.as_plain(),
+        fingerprints={},
+        ids=["twc-0"],
+        records={"twc-0": episode_record(spec, episode)},
+        wall_s=None,
+    )
 
 
 @pytest.fixture

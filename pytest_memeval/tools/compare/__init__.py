@@ -22,14 +22,35 @@ compared and labels the runs; :mod:`.scenarios` sets out what differs scenario b
 :mod:`.stats` does each run's rates and a pair's paired tests and power; :mod:`.pair` puts a
 pair together, :mod:`.board` several runs against a baseline; :mod:`.text` renders either as
 text; :mod:`.slices` compares by slice, :mod:`.history` a teacher-forced run with its
-free-running one; :mod:`.command` is the command line. This package's ``__init__`` is its
-public face: it re-exports their names, which callers and tests import from here, never from
-its modules.
+free-running one; closed-loop runs are loaded by :mod:`.episode_runs`, compared paired by
+episode by :mod:`.episodes` and rendered by :mod:`.episode_text`; :mod:`.command` is the
+command line. This package's ``__init__`` is its public face: it re-exports their names,
+which callers and tests import from here, never from its modules.
 """
 
 from __future__ import annotations
 
 from pytest_memeval.tools.compare.board import compare_many
+from pytest_memeval.tools.compare.episode_runs import (
+    EPISODES_KIND,
+    EpisodeRun,
+    check_same_env,
+    check_same_episodes,
+    is_episode_run,
+    load_episode_run,
+    read_episode_run,
+    read_metrics_kind,
+    recount_episode_run,
+    why_incomplete,
+)
+from pytest_memeval.tools.compare.episode_text import format_episode_comparison
+from pytest_memeval.tools.compare.episodes import (
+    EpisodeComparison,
+    EpisodeRunSummary,
+    EpisodeSliceRow,
+    EpisodeSlices,
+    compare_episode_runs,
+)
 from pytest_memeval.tools.compare.history import HistoryPair, format_history_pair, history_pair
 from pytest_memeval.tools.compare.load import load_run
 from pytest_memeval.tools.compare.pair import compare_runs, load_pair
@@ -71,12 +92,18 @@ from pytest_memeval.tools.compare.types import (
 
 __all__ = [
     "ALPHA",
+    "EPISODES_KIND",
     "POWER",
     "BoardRow",
     "CompareError",
     "Comparison",
     "Correction",
     "Divergent",
+    "EpisodeComparison",
+    "EpisodeRun",
+    "EpisodeRunSummary",
+    "EpisodeSliceRow",
+    "EpisodeSlices",
     "Flips",
     "HistoryPair",
     "ManyComparison",
@@ -86,6 +113,9 @@ __all__ = [
     "RunData",
     "RunSummary",
     "SliceComparison",
+    "check_same_env",
+    "check_same_episodes",
+    "compare_episode_runs",
     "compare_many",
     "compare_runs",
     "compare_slices",
@@ -95,17 +125,24 @@ __all__ = [
     "fmt_pp_ci",
     "fmt_rate",
     "format_comparison",
+    "format_episode_comparison",
     "format_history_pair",
     "format_many",
     "format_slices",
     "history_pair",
+    "is_episode_run",
+    "load_episode_run",
     "load_pair",
     "load_run",
     "m1_power",
     "m2_delta_lines",
     "paired_m2",
+    "read_episode_run",
+    "read_metrics_kind",
+    "recount_episode_run",
     "run_summary",
     "run_tags",
     "slice_arguments",
     "turn_structure",
+    "why_incomplete",
 ]

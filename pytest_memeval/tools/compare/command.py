@@ -7,6 +7,10 @@ the family the p-values are adjusted over), ``--correction`` the adjustment. ``-
 the same as one object (the comparison's fields, plus ``slices``, and ``history``: the
 teacher-forced/free-running facts of :mod:`pytest_memeval.tools.compare.history` when the two
 runs are the two histories of one checkpoint, else null).
+
+Closed-loop runs (``metrics.json`` of kind ``episodes``) are compared by
+:mod:`pytest_memeval.tools.compare.episodes`: two runs of one environment and the same seeds,
+paired by episode; a scenario run is never compared with an episode run.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.tools.compare.board import compare_many
+from pytest_memeval.tools.compare.episode_runs import check_same_kind, load_episode_run
+from pytest_memeval.tools.compare.episode_text import format_episode_comparison
+from pytest_memeval.tools.compare.episodes import compare_episode_runs
 from pytest_memeval.tools.compare.history import format_history_pair, history_pair
 from pytest_memeval.tools.compare.load import load_run
 from pytest_memeval.tools.compare.pair import compare_runs
@@ -50,32 +57,51 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
     slice_arguments(parser)
 
 
+def _episodes(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Two episode runs compared: the JSON object and the text."""
+    if len(args.runs) > 1:
+        raise CompareError(
+            "several runs against one baseline is for scenario runs; compare episode runs "
+            "two at a time (memeval compare RUN_A RUN_B)"
+        )
+    reference, run = load_episode_run(args.run_a), load_episode_run(args.runs[0])
+    pair = compare_episode_runs(reference, run, slices=args.slices, method=args.correction)
+    return dict(pair), format_episode_comparison(pair)
+
+
+def _scenarios(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Scenario runs compared (a pair, or several against the first): JSON object and text."""
+    reference = load_run(args.run_a)
+    runs = [load_run(p) for p in args.runs]
+    result: dict[str, Any]
+    if len(runs) == 1:
+        pair = compare_runs(reference, runs[0])
+        result, text = dict(pair), format_comparison(pair)
+        labels = [pair["a"]["label"], pair["b"]["label"]]
+        # Teacher-forced against free-running (the same checkpoint): the gap, derailed.
+        histories = history_pair(reference, runs[0], pair)
+        result["history"] = histories
+        if histories is not None:
+            text += "\n\n" + "\n".join(format_history_pair(histories, pair["n"]))
+    else:
+        many = compare_many(reference, runs)
+        result, text = dict(many), format_many(many)
+        labels = [many["baseline"]["label"], *(p["b"]["label"] for p in many["runs"])]
+    slices = None
+    if args.slices or run_tags(reference, *runs):
+        slices = compare_slices(reference, runs, labels, slices=args.slices, method=args.correction)
+        text += "\n\n" + format_slices(slices)
+    result["slices"] = slices
+    return result, text
+
+
 def cli_main(args: argparse.Namespace) -> int:
     """Run ``memeval compare``: 0 when compared, 2 when the runs cannot be compared."""
     try:
-        reference = load_run(args.run_a)
-        runs = [load_run(p) for p in args.runs]
-        result: dict[str, Any]
-        if len(runs) == 1:
-            pair = compare_runs(reference, runs[0])
-            result, text = dict(pair), format_comparison(pair)
-            labels = [pair["a"]["label"], pair["b"]["label"]]
-            # Teacher-forced against free-running (the same checkpoint): the gap, derailed.
-            histories = history_pair(reference, runs[0], pair)
-            result["history"] = histories
-            if histories is not None:
-                text += "\n\n" + "\n".join(format_history_pair(histories, pair["n"]))
+        if check_same_kind([args.run_a, *args.runs]):
+            result, text = _episodes(args)
         else:
-            many = compare_many(reference, runs)
-            result, text = dict(many), format_many(many)
-            labels = [many["baseline"]["label"], *(p["b"]["label"] for p in many["runs"])]
-        slices = None
-        if args.slices or run_tags(reference, *runs):
-            slices = compare_slices(
-                reference, runs, labels, slices=args.slices, method=args.correction
-            )
-            text += "\n\n" + format_slices(slices)
-        result["slices"] = slices
+            result, text = _scenarios(args)
     except CompareError as exc:
         print(f"memeval compare: refused: {exc}", file=sys.stderr)
         return 2

@@ -11,9 +11,19 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+import pytest
+
 from pytest_memeval.core.formatting import percent
 
-__all__ = ["GateCheck", "drop_check", "pct", "pp", "threshold_check"]
+__all__ = [
+    "GateCheck",
+    "drop_check",
+    "parse_pp",
+    "parse_rate",
+    "pct",
+    "pp",
+    "threshold_check",
+]
 
 
 @dataclass(frozen=True)
@@ -70,3 +80,34 @@ def drop_check(
     return GateCheck(
         label, False, f"{label}: {where}: {change}, {pp(drop - max_drop)} over the limit"
     )
+
+
+# -- the values of the gate options --------------------------------------------------------
+
+
+def parse_rate(text: str, option: str) -> Fraction:
+    """``0.85`` or ``85%`` -> 17/20, exactly (no float rounding at the threshold)."""
+    raw = text.strip()
+    percent_sign = raw.endswith("%")
+    try:
+        value = Fraction(raw[:-1].strip() if percent_sign else raw)
+    except (ValueError, ZeroDivisionError):
+        raise pytest.UsageError(f"{option} {text!r}: not a number (use e.g. 0.85 or 85%)") from None
+    if percent_sign:
+        value /= 100
+    if not 0 <= value <= 1:
+        raise pytest.UsageError(
+            f"{option} {text!r}: a rate must lie between 0 and 1 (write 85% or 0.85 for 85 percent)"
+        )
+    return value
+
+
+def parse_pp(text: str, option: str) -> Fraction:
+    """``5`` or ``5pp`` -> 5 percentage points, exactly; between 0 and 100."""
+    try:
+        value = Fraction(text.strip().removesuffix("pp").strip())
+    except (ValueError, ZeroDivisionError):
+        raise pytest.UsageError(f"{option} {text!r}: not a number of percentage points") from None
+    if not 0 <= value <= 100:
+        raise pytest.UsageError(f"{option} {text!r}: must lie between 0 and 100 percentage points")
+    return value

@@ -6,6 +6,9 @@ A model is never perfect, so "every eval item passed" is the wrong CI criterion.
   ``85%``);
 * ``--memeval-baseline RUN --memeval-max-drop PP``: m1 (and m2, where both runs score turns)
   may fall at most PP percentage points below the reference run's (default 0);
+* on a closed-loop run, ``--memeval-min-success RATE`` and the baseline's success rate
+  (:mod:`pytest_memeval.tools.gate.episodes`, which this module's ``pytest_configure`` hands
+  such a run to);
 * ``--memeval-expect RUN|FILE``: the eval items that failed in a reference run (or are listed
   in a committed file) are marked ``xfail(strict=False)``: only new failures fail, fixed ones
   show as XPASS.
@@ -26,7 +29,7 @@ PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -44,9 +47,21 @@ from pytest_memeval.core.stats import mde_paired_binary, min_detectable_drop
 from pytest_memeval.core.tags import slice_order
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import STATE_KEY, MemevalState, workerinput
-from pytest_memeval.tools.compare import CompareError, load_run
-from pytest_memeval.tools.gate.checks import GateCheck, drop_check, threshold_check
+from pytest_memeval.tools.compare import CompareError, is_episode_run, load_run
+from pytest_memeval.tools.gate.checks import (
+    GateCheck,
+    drop_check,
+    parse_pp,
+    parse_rate,
+    threshold_check,
+)
+from pytest_memeval.tools.gate.episodes import (
+    MIN_SUCCESS,
+    configure_episode_gate,
+    episode_gate_options,
+)
 from pytest_memeval.tools.gate.known_failures import ExpectError, load_known_failures
+from pytest_memeval.tools.gate.outcome import GateReporter
 from pytest_memeval.tools.gate.slices import (
     Outcome,
     SliceGates,
@@ -58,18 +73,22 @@ from pytest_memeval.tools.gate.slices import (
 )
 
 __all__ = [
-    "GATE_KEY",
-    "GateCheck",
-    "GateOutcome",
+    "Baseline",
     "GateSettings",
+    "MemevalGate",
     "evaluate_gate",
-    "parse_rate",
     "resolution_warnings",
     "wrong_answer",
 ]
 
 _EXPECT_OPTS = ("memeval_expect",)
-_GATE_OPTS = ("memeval_min_m1", "memeval_min_m2", "memeval_baseline", "memeval_max_drop")
+_GATE_OPTS = (
+    "memeval_min_m1",
+    "memeval_min_m2",
+    "memeval_min_success",
+    "memeval_baseline",
+    "memeval_max_drop",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,13 +112,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="gate: m2 (turn-level accuracy over aligned scenarios) must reach RATE; "
         "SLICE=RATE gates a slice; repeatable",
     )
+    episode_gate_options(group, parser)
     group.addoption(
         "--memeval-baseline",
         dest="memeval_baseline",
         metavar="RUN",
         default=None,
         help="gate: reference run directory; m1 (and m2) may drop at most --memeval-max-drop "
-        "percentage points below it",
+        "percentage points below it (a closed-loop run: its success rate, against an "
+        "episode run)",
     )
     group.addoption(
         "--memeval-max-drop",
@@ -121,33 +142,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # -- settings ------------------------------------------------------------------------------
-
-
-def parse_rate(text: str, option: str) -> Fraction:
-    """``0.85`` or ``85%`` -> 17/20, exactly (no float rounding at the threshold)."""
-    raw = text.strip()
-    pct = raw.endswith("%")
-    try:
-        value = Fraction(raw[:-1].strip() if pct else raw)
-    except (ValueError, ZeroDivisionError):
-        raise pytest.UsageError(f"{option} {text!r}: not a number (use e.g. 0.85 or 85%)") from None
-    if pct:
-        value /= 100
-    if not 0 <= value <= 1:
-        raise pytest.UsageError(
-            f"{option} {text!r}: a rate must lie between 0 and 1 (write 85% or 0.85 for 85 percent)"
-        )
-    return value
-
-
-def _parse_pp(text: str, option: str) -> Fraction:
-    try:
-        value = Fraction(text.strip().removesuffix("pp").strip())
-    except (ValueError, ZeroDivisionError):
-        raise pytest.UsageError(f"{option} {text!r}: not a number of percentage points") from None
-    if not 0 <= value <= 100:
-        raise pytest.UsageError(f"{option} {text!r}: must lie between 0 and 100 percentage points")
-    return value
 
 
 @dataclass(frozen=True)
@@ -185,6 +179,11 @@ class GateSettings:
 
 
 def _load_baseline(path: Path, state: MemevalState) -> Baseline:
+    if is_episode_run(path):
+        raise pytest.UsageError(
+            f"--memeval-baseline {path}: an episode run (closed loop); the baseline of a "
+            "scenario run must be a scenario run of the same benchmark"
+        )
     try:
         run = load_run(path)
     except CompareError as exc:
@@ -242,35 +241,16 @@ def _settings(config: pytest.Config, state: MemevalState) -> GateSettings:
         min_m1=parse_rate(min_m1, "--memeval-min-m1") if min_m1 else None,
         min_m2=parse_rate(min_m2, "--memeval-min-m2") if min_m2 else None,
         baseline=baseline,
-        max_drop=_parse_pp(max_drop, "--memeval-max-drop") if max_drop else Fraction(0),
+        max_drop=parse_pp(max_drop, "--memeval-max-drop") if max_drop else Fraction(0),
         slices=SliceGates(
             min_m1=slice_limits(m1_slices, known, "--memeval-min-m1", parse_rate),
             min_m2=slice_limits(m2_slices, known, "--memeval-min-m2", parse_rate),
-            max_drop=slice_limits(drop_slices, known, "--memeval-max-drop", _parse_pp),
+            max_drop=slice_limits(drop_slices, known, "--memeval-max-drop", parse_pp),
         ),
     )
 
 
 # -- evaluation ----------------------------------------------------------------------------
-
-
-@dataclass
-class GateOutcome:
-    """All gate checks of the session (kept in ``config.stash[GATE_KEY]``)."""
-
-    checks: list[GateCheck] = field(default_factory=list)
-    #: Why a passing or failing verdict may not mean much (e.g. a max drop the sample
-    #: cannot resolve); shown with the checks, never changing them.
-    warnings: list[str] = field(default_factory=list)
-    forgiven: int = 0
-    exitstatus: int | None = None
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
-
-
-GATE_KEY = pytest.StashKey[GateOutcome]()
 
 
 def _threshold(name: str, block: RateBlock, minimum: Fraction) -> GateCheck:
@@ -360,8 +340,9 @@ def wrong_answer(record: Record) -> bool:
     )
 
 
-class MemevalGate:
-    """Controller side: counts forgiven failures, checks the run, sets the exit status."""
+class MemevalGate(GateReporter):
+    """Controller side: counts forgiven failures, checks the run, sets the exit status
+    (:class:`~pytest_memeval.tools.gate.outcome.GateReporter`)."""
 
     def __init__(
         self,
@@ -369,13 +350,10 @@ class MemevalGate:
         settings: GateSettings,
         run_tags: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
-        self.config = config
+        super().__init__(config)
         self.settings = settings
         #: each in-scope scenario's tags in this run's benchmark (per-slice warnings)
         self.run_tags: Mapping[str, frozenset[str]] = run_tags or {}
-        self.outcome = GateOutcome()
-        config.stash[GATE_KEY] = self.outcome
-        self.wrote_run = False
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Mirror the session's own count (failed and not xfail) for eval items whose call
@@ -435,74 +413,6 @@ class MemevalGate:
             self.settings, {sid: o.final_ok for sid, o in run.items()}
         ) + slice_warnings(slices, self.run_tags, base_outcomes, run)
 
-    def decide(self, session: pytest.Session) -> int:
-        """The session's exit status under the gate (computed once, then fixed)."""
-        if self.outcome.exitstatus is not None:
-            return self.outcome.exitstatus
-        status = int(session.exitstatus)
-        if not self.wrote_run:
-            self.outcome.checks = [
-                GateCheck(
-                    "run written",
-                    False,
-                    "no run was written (no eval item ran, or the "
-                    "recount disagreed): a gate cannot pass without a complete run",
-                )
-            ]
-        if status in (
-            pytest.ExitCode.INTERRUPTED,
-            pytest.ExitCode.INTERNAL_ERROR,
-            pytest.ExitCode.USAGE_ERROR,
-        ):
-            decided = status  # never turned into a pass
-        elif not self.outcome.passed:
-            decided = int(pytest.ExitCode.TESTS_FAILED)
-        else:
-            others = session.testsfailed - self.outcome.forgiven
-            decided = int(pytest.ExitCode.TESTS_FAILED if others > 0 else pytest.ExitCode.OK)
-        self.outcome.exitstatus = decided
-        return decided
-
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        self.session = session
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, object, object]:
-        # A wrapper: the code after ``yield`` runs after every implementation, including the
-        # controller's trylast one that writes the run (and calls run_written).
-        result = yield
-        session.exitstatus = self.decide(session)
-        return result
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        tr = terminalreporter
-        status = self.decide(self.session)
-        tr.section("memeval gate")
-        for warning in self.outcome.warnings:
-            tr.line("WARN  " + warning, yellow=True)
-        for check in self.outcome.checks:
-            tr.line(
-                ("PASS  " if check.passed else "FAIL  ") + check.detail,
-                green=check.passed,
-                red=not check.passed,
-            )
-        others = self.session.testsfailed - self.outcome.forgiven
-        if self.outcome.forgiven:
-            tr.line(
-                f"{self.outcome.forgiven} eval item failure(s) are wrong answers: reported above, "
-                "but under a gate the threshold decides the exit status"
-            )
-        if others > 0:
-            tr.line(
-                f"{others} other failure(s)/error(s) fail the session whatever the gate says",
-                red=True,
-            )
-        verdict = "PASSED" if self.outcome.passed else "FAILED"
-        tr.line(
-            f"gate {verdict}: exit status {status}", bold=True, green=status == 0, red=status != 0
-        )
-
 
 # -- expected failures ---------------------------------------------------------------------
 
@@ -543,6 +453,8 @@ class _ExpectToWorkers:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if configure_episode_gate(config):
+        return  # a closed-loop run: its own gate (gate/episodes.py)
     given = [name for name in (*_GATE_OPTS, *_EXPECT_OPTS) if config.getoption(name, None)]
     if not given:
         return
@@ -552,6 +464,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"{flags} need an evaluation: give --ckpt NAME (without it no run is written and "
             "no gate could pass)"
+        )
+    if config.getoption("memeval_min_success", None):
+        raise pytest.UsageError(
+            f"{MIN_SUCCESS} is for closed-loop runs (a profile with an env); gate a scenario "
+            "run with --memeval-min-m1 / --memeval-min-m2"
         )
     wi = workerinput(config)
     expect = config.getoption("memeval_expect")

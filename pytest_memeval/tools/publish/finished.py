@@ -35,7 +35,7 @@ from pytest_memeval.runtime.controller import MemevalController
 from pytest_memeval.runtime.episodes import CONTROLLER_NAME as EPISODE_CONTROLLER
 from pytest_memeval.runtime.episodes import EPISODE_STATE_KEY, EpisodeController
 from pytest_memeval.runtime.state import STATE_KEY, is_worker
-from pytest_memeval.tools.gate import GateOutcome, MemevalGate
+from pytest_memeval.tools.gate import EpisodeGate, GateOutcome, MemevalGate
 
 __all__ = ["OUTPUTS_KEY", "FinishedRun", "Output", "report_output"]
 
@@ -162,6 +162,16 @@ class _Publisher:
             return None
         state = controller.state
         html = self.config.getoption("htmlpath", None)
+        gate = self.config.pluginmanager.get_plugin("memeval-gate")
+        exitstatus = int(session.exitstatus)
+        outcome: GateOutcome | None = None
+        baseline: Path | None = None
+        if isinstance(gate, EpisodeGate):
+            # Computed once: the gate's own wrapper sets this same status after us.
+            exitstatus = gate.decide(session)
+            outcome = gate.outcome
+            if gate.settings.baseline is not None:
+                baseline = gate.settings.baseline.path
         return FinishedRun(
             ckpt=state.profile.name,
             run_dir=state.run_dir,
@@ -169,7 +179,9 @@ class _Publisher:
             # The same document, for implementations that read only what both kinds share.
             metrics=cast(Metrics, controller.metrics),
             profile=state.profile,
-            exitstatus=int(session.exitstatus),
+            exitstatus=exitstatus,
+            gate=outcome,
+            baseline=baseline,
             html_report=_invocation_path(self.config, html) if html else None,
             episodes=controller.metrics,
         )

@@ -80,7 +80,9 @@ def finished_run_markdown(run: FinishedRun) -> str:
     """The Markdown summary of a finished session's run (with its gate and baseline); of an
     episode run, its numbers and slices (:func:`~pytest_memeval.tools.report.episode_markdown`)."""
     if run.episodes is not None:
-        return episode_markdown(run.label, run.run_dir, run.episodes, exitstatus=run.exitstatus)
+        return episode_markdown(
+            run.label, run.run_dir, run.episodes, exitstatus=run.exitstatus, gate=run.gate
+        )
     records = {rec["id"]: rec for rec in read_records(run.run_dir / PREDICTIONS)}
     this = MarkdownRun(run.label, run.run_dir, run.metrics, records)
     baseline = pair = None

@@ -31,7 +31,8 @@ from pytest_memeval.core.episodes import EpisodeMetrics
 from pytest_memeval.core.formatting import percent
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS
 from pytest_memeval.tools.compare import CompareError, fmt_ci, fmt_rate
-from pytest_memeval.tools.report.markdown import md_code, md_text
+from pytest_memeval.tools.gate import GateOutcome
+from pytest_memeval.tools.report.markdown import gate_lines, md_code, md_text
 from pytest_memeval.tools.report.pages import generated_at, page_csp
 from pytest_memeval.tools.report.templating import render
 
@@ -247,9 +248,15 @@ def render_episode_report(run: EpisodeRun) -> str:
 
 
 def episode_markdown(
-    label: str, run_dir: Path, metrics: EpisodeRunMetrics, *, exitstatus: int | None = None
+    label: str,
+    run_dir: Path,
+    metrics: EpisodeRunMetrics,
+    *,
+    exitstatus: int | None = None,
+    gate: GateOutcome | None = None,
 ) -> str:
-    """The Markdown summary of an episode run: the numbers, completeness, each slice."""
+    """The Markdown summary of an episode run: the numbers, completeness, each slice, and
+    the gate's verdict and checks when a gate decided the session (``gate``)."""
     numbers = metrics["episodes"]
     env = metrics["env"]
     lines = [
@@ -267,6 +274,8 @@ def episode_markdown(
     note = _incomplete_note(metrics)
     if note:
         lines += ["", note]
+    if gate is not None and gate.checks:
+        lines += ["", *gate_lines(gate, exitstatus)[:-1]]  # its closing blank line: below
     if metrics["slices"]:
         lines += [
             "",

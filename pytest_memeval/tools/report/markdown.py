@@ -57,6 +57,7 @@ __all__ = [
     "ROWS",
     "TEXT_LIMIT",
     "MarkdownRun",
+    "gate_lines",
     "many_markdown",
     "markdown_report",
     "md_code",
@@ -199,7 +200,8 @@ def _metrics_table(m: Metrics) -> list[str]:
     return _table(["", "result", "95% interval"], rows)
 
 
-def _gate_lines(gate: GateOutcome, exitstatus: int | None) -> list[str]:
+def gate_lines(gate: GateOutcome, exitstatus: int | None) -> list[str]:
+    """The gate's verdict, warnings and checks as Markdown (a heading and a list)."""
     verdict = "✅ PASSED" if gate.passed else "❌ FAILED"
     status = f" (exit status {exitstatus})" if exitstatus is not None else ""
     lines = [f"### Gate: {verdict}{status}", ""]
@@ -339,7 +341,7 @@ def run_markdown(
     if m.get("missing"):
         lines += [f"Missing: {md_text(shown_ids(m['missing']))}", ""]
     if gate is not None:
-        lines += _gate_lines(gate, exitstatus)
+        lines += gate_lines(gate, exitstatus)
     if pair is not None and baseline is not None:
         lines += _comparison_lines(pair, baseline, run)
     else:
