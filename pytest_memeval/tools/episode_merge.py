@@ -314,14 +314,18 @@ def _write_merged(runs: list[EpisodeShard], out: Path) -> EpisodeRunMetrics:
     ]
     # An earlier merge's metrics go first: a reader never sees them beside new predictions.
     (out / METRICS).unlink(missing_ok=True)
-    return finalize_episode_run(
-        out,
-        profile=str(first.get("profile")),
-        env=first.get("env") or {},
-        fingerprints=first.get("fingerprints") or {},
-        ids=all_ids(first.get("env") or {}) or [],
-        records=records,
-        # Shards run side by side: the merged run took as long as its slowest shard.
-        wall_s=max((w for w in walls if isinstance(w, (int, float))), default=None),
-        merged_from=merged_from,
-    )
+    try:
+        return finalize_episode_run(
+            out,
+            profile=str(first.get("profile")),
+            env=first.get("env") or {},
+            fingerprints=first.get("fingerprints") or {},
+            ids=all_ids(first.get("env") or {}) or [],
+            records=records,
+            # Shards run side by side: the merged run took as long as its slowest shard.
+            wall_s=max((w for w in walls if isinstance(w, (int, float))), default=None),
+            merged_from=merged_from,
+        )
+    except EpisodeRecordError as exc:  # pragma: no cover - the recount disagrees: a bug
+        (out / PREDICTIONS).unlink(missing_ok=True)
+        raise MergeError([f"-o {out}: {exc}"]) from None
