@@ -193,7 +193,7 @@ def test_an_episode_profile_s_scripts_check_its_shards_and_merge_them(tmp_path: 
     done = task(1)
     assert done.returncode == 0 and "shard 1/2 finished: 3 episode(s)" in done.stdout, done.stderr
     failed = task(2)  # an environment error: the task fails, the merge job never runs
-    assert failed.returncode == INCOMPLETE_EXIT and "environment error" in failed.stdout
+    assert failed.returncode == INCOMPLETE_EXIT and "environment error" in failed.stderr
     write_episode_run(p.shard_dir(2), shard=(2, 2))  # rerun, finished
     assert task(2).returncode == 0
     merge = subprocess.run(["bash", "-c", merge_script(p)], env=env, capture_output=True, text=True)

@@ -94,7 +94,7 @@ def _held_back(shards: list[Path]) -> str:
     held = records()
     del held["twc-3"]
     write_episode_run(shards[1], shard=(2, 3), held=held)
-    return "shard 2/3 (*): incomplete, 1 episode(s) have no record: twc-3"
+    return "shard 2/3 (*): incomplete, 1 episode(s) have no record: 'twc-3'"
 
 
 def _edited(shards: list[Path]) -> str:
@@ -122,7 +122,9 @@ def _swapped(shards: list[Path]) -> str:
     metrics["episodes"] = read_json(shards[0] / METRICS)["episodes"]
     metrics["slices"] = read_json(shards[0] / METRICS)["slices"]
     write_json(shards[1] / METRICS, metrics)
-    return "shard 2/3 (*): holds episodes twc-0, twc-1, shard 2/3 of the seeds is twc-2, twc-3"
+    return (
+        "shard 2/3 (*): holds episodes 'twc-0', 'twc-1', shard 2/3 of the seeds is 'twc-2', 'twc-3'"
+    )
 
 
 @pytest.mark.parametrize(

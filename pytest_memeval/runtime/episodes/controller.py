@@ -227,7 +227,8 @@ def summary_lines(metrics: EpisodeRunMetrics, run_dir: str) -> list[str]:
             f"incomplete: {len(metrics['missing'])} episode(s) not run "
             f"({shown_list(metrics['missing'])})"
         )
-    shard = (metrics.get("scope") or {}).get("shard")
+    scope = metrics.get("scope")
+    shard = scope["shard"] if scope is not None else None
     if shard:
         lines.append(
             f"shard {shard['spec']}: episodes {shard['first']} .. {shard['last']} of "
