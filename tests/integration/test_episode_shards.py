@@ -3,8 +3,8 @@
 The tiny demo checkpoint acts in TextWorld Express (``twc``, ``max_steps`` 2): the unsharded
 run, shard 1 (single process) and shard 2 (under xdist: the workers run the controller's
 shard), ``memeval merge`` of the two, and a ``-k`` subset, which is written under
-``subsets/<time>/`` and leaves the finished run at the top alone. One test: each pytester run
-costs tens of CPU-seconds.
+``subsets/<time>/`` and leaves the finished run at the top alone, then resumed to a finished
+run promoted to the top. One test: each pytester run costs tens of CPU-seconds.
 """
 
 from __future__ import annotations
@@ -87,3 +87,11 @@ def test_two_shards_merged_are_the_unsharded_run_and_a_subset_leaves_the_top_alo
     assert [
         r["id"] for r in _lines(memeval_project.latest_subset("twc") / "predictions.jsonl")
     ] == ["twc-3"]
+    # Resumed, the subset run is continued in place, finished and promoted: the top holds
+    # every episode again, and the run it replaced is kept in previous/.
+    resumed = memeval_project.run("--ckpt", "twc", "-n", "0", "--memeval-resume")
+    resumed.assert_outcomes(failed=3, deselected=1)
+    assert _lines(top / "predictions.jsonl") == unsharded
+    assert memeval_project.metrics("twc")["complete"]
+    assert (top / "previous" / "predictions.jsonl").read_bytes() == before["predictions.jsonl"]
+    assert memeval_project.subsets("twc") == []
