@@ -37,6 +37,7 @@ from pytest_memeval.core.episode_records import (
 from pytest_memeval.core.formatting import shown_ids
 from pytest_memeval.core.records import RecordError, ShardScope, validate_shard_scope
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS, read_json
+from pytest_memeval.core.runlayout import resume_target
 from pytest_memeval.core.runlock import LockHeld, RunLock
 from pytest_memeval.core.sharding import shard_slice
 
@@ -109,11 +110,21 @@ class EpisodeShard:
 
 def _read(path: Path, problems: list[str]) -> tuple[dict[str, Any], list[EpisodeRecord]] | None:
     """The metrics and records of the run at ``path``, recounted; problems appended."""
+    if not (path / METRICS).is_file():
+        # Unfinished runs are kept in subsets/<time>/ (runlayout.py).
+        unfinished = resume_target(path) if path.is_dir() else None
+        hint = f" (an unfinished run is in {unfinished}: --memeval-resume)" if unfinished else ""
+        problems.append(f"{path}: no {METRICS}: not a finished run{hint}")
+        return None
+    newer = resume_target(path)
+    if newer is not None and newer != path:
+        problems.append(
+            f"{path}: a newer unfinished run of this shard is in {newer}; finish it "
+            "(pytest --memeval-resume) or remove that directory before merging"
+        )
+        return None
     try:
         metrics = read_json(path / METRICS)
-    except FileNotFoundError:
-        problems.append(f"{path}: no {METRICS} (not a finished run directory)")
-        return None
     except (OSError, ValueError) as exc:
         problems.append(f"{path / METRICS}: unreadable ({exc})")
         return None

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_memeval.core.episode_records import read_episode_records, recount_episodes
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS, read_json, write_json
+from pytest_memeval.runtime.episodes import finished_run
 from pytest_memeval.tools.episode_merge import MergeError, merge_episode_shards
 from pytest_memeval.tools.merge import cli_arguments, cli_main
 from pytest_memeval.tools.slurm import INCOMPLETE_EXIT, check_shard
@@ -77,7 +78,14 @@ def _fingerprint(shards: list[Path]) -> str:
 
 def _missing(shards: list[Path]) -> str:
     shutil.rmtree(shards[2])
-    return "*no metrics.json*"
+    return "*shard-3-of-3: no metrics.json: not a finished run"
+
+
+def _newer_unfinished(shards: list[Path]) -> str:
+    stage = shards[0] / "subsets" / "29991231T000000Z"
+    stage.mkdir(parents=True)
+    (stage / "journal.jsonl").write_text('{"memeval_journal": 1, "kind": "episodes"}\n')
+    return "*shard-1-of-3: a newer unfinished run of this shard is in *29991231T000000Z*"
 
 
 def _only_two(shards: list[Path]) -> str:
@@ -129,8 +137,8 @@ def _swapped(shards: list[Path]) -> str:
 
 @pytest.mark.parametrize(
     "spoil",
-    [_fingerprint, _missing, _only_two, _twice, _held_back, _edited, _other_n, _other_profile,
-     _swapped],
+    [_fingerprint, _missing, _newer_unfinished, _only_two, _twice, _held_back, _edited,
+     _other_n, _other_profile, _swapped],
 )  # fmt: skip
 def test_shards_that_disagree_are_refused_naming_the_shard_and_nothing_is_written(
     tmp_path: Path, spoil: Callable[[list[Path]], str]
@@ -193,3 +201,14 @@ def test_slurm_check_shard_judges_an_episode_shard(tmp_path: Path) -> None:
     broken = write_episode_shards(tmp_path / "err", 2, held=records(errors=(4,)))[1]
     verdict = check_shard(broken, 2, 2, 1)
     assert verdict.code == INCOMPLETE_EXIT and "environment error" in verdict.line
+
+
+def test_a_shard_with_an_environment_error_is_not_promoted(tmp_path: Path) -> None:
+    """The controller's promotion rule on metrics finalize_episode_run wrote."""
+    errors = records(errors=(1,))
+    shard = read_json(write_episode_run(tmp_path / "s", shard=(1, 2), held=errors) / METRICS)
+    whole = read_json(write_episode_run(tmp_path / "w", held=errors) / METRICS)
+    held = {k: v for k, v in records().items() if k != "twc-2"}
+    partial = read_json(write_episode_run(tmp_path / "p", held=held) / METRICS)
+    good = read_json(write_episode_shards(tmp_path / "g", 2)[0] / METRICS)
+    assert [finished_run(m) for m in (shard, whole, partial, good)] == [False, True, False, True]

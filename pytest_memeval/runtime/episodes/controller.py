@@ -10,10 +10,10 @@ journal is of the same checkpoint, decoding and environment (its fingerprints).
 
 Where the files go is a scenario run's layout (core/runlayout.py): each run journals into a
 new ``subsets/<UTC time>/`` directory and is promoted to the top of the run directory when it
-holds every episode of the run (environment errors included: ``--memeval-resume`` reruns
-them); a subset (``-k``, ``--lf``, deselected seeds) or an interrupted run stays in its
-``subsets/<time>/``, and the finished run at the top is left alone. A resumed run continues
-the newest unfinished run in place, or a copy of the finished run's journal.
+is finished (:func:`finished_run`: every episode of the run has a record; a shard's without
+an environment error); a subset (``-k``, ``--lf``, deselected seeds) or an interrupted run
+stays in its ``subsets/<time>/``, and the finished run at the top is left alone. A resumed
+run continues the newest unfinished run in place, or a copy of the finished run's journal.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ __all__ = [
     "EpisodeController",
     "RunStage",
     "deselect_resumed",
+    "finished_run",
     "run_stage",
     "summary_lines",
 ]
@@ -78,6 +79,16 @@ class RunStage(NamedTuple):
     path: Path
     #: a resumed finished run's journal, copied into ``path`` at the first record
     copy_journal: Path | None
+
+
+def finished_run(metrics: EpisodeRunMetrics) -> bool:
+    """Whether a run is promoted to the top of its run directory: every episode of the run
+    has a record. Environment errors included (``--memeval-resume`` copies its journal and
+    reruns them), except in a shard: such a shard is no result for ``memeval merge``, and a
+    resubmitted Slurm task resumes the unfinished run it leaves in ``subsets/<time>/``."""
+    scope = metrics.get("scope")
+    sharded = scope is not None and scope["shard"] is not None
+    return not metrics["missing"] and not (sharded and metrics["error_ids"])
 
 
 def run_stage(run_dir: Path, resume: bool, started: float) -> RunStage:
@@ -182,7 +193,7 @@ class EpisodeController:
             shard=shard_scope(self.state.ids(), self.state.shard),
         )
         self.written = self.stage.path
-        if not self.metrics["missing"]:
+        if finished_run(self.metrics):
             promote(self.stage.path, self.state.run_dir)
             self.written = self.state.run_dir
 
@@ -194,8 +205,8 @@ class EpisodeController:
             terminalreporter.write_line(line)
         if self.written != self.state.run_dir:
             terminalreporter.write_line(
-                f"not every episode ran: written under {self.written}; the finished run at "
-                f"the top of {self.state.run_dir} is left as it was"
+                f"not finished: written under {self.written}; the finished run at the top of "
+                f"{self.state.run_dir} is left as it was (--memeval-resume continues this one)"
             )
 
 
