@@ -380,11 +380,13 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     episode_state = config.stash.get(EPISODE_STATE_KEY, None)
     if episode_state is not None:
         spec = episode_state.spec
+        shard = episode_state.shard
+        of = f" (shard {shard[0]}/{shard[1]} of {len(spec.seeds)})" if shard else ""
         return [
-            f"memeval: ckpt {episode_state.profile.name} (closed loop), {len(spec.seeds)} "
-            f"episode(s) of {spec.backend} {spec.game} ({spec.params_text or 'default'}), "
-            f"fold {spec.fold}, max_steps {spec.max_steps}, run directory "
-            f"{episode_state.run_dir}"
+            f"memeval: ckpt {episode_state.profile.name} (closed loop), "
+            f"{len(episode_state.run_seeds())} episode(s){of} of {spec.backend} {spec.game} "
+            f"({spec.params_text or 'default'}), fold {spec.fold}, max_steps {spec.max_steps}, "
+            f"run directory {episode_state.run_dir}"
         ]
     if state is None:
         return ([note] if note else []) + ["memeval: no --ckpt given, eval items will be skipped"]

@@ -13,12 +13,14 @@ sliced alike; a plugin's environment may add its own (``EnvInfo.extra["tags"]``)
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
 
 from pytest_memeval.core.episodes import EpisodeMetrics, episode_metrics
+from pytest_memeval.core.records import ShardScope
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS, atomic_write, write_json
 from pytest_memeval.env import EnvSpec, Episode, StepRecord, TerminationReason
 
@@ -28,6 +30,8 @@ __all__ = [
     "EpisodeRecordError",
     "EpisodeRunMetrics",
     "EpisodeRunNumbers",
+    "EpisodeScope",
+    "MergedShard",
     "StepEntry",
     "env_tags",
     "episode_from_record",
@@ -80,7 +84,33 @@ class EpisodeRecord(TypedDict):
     tags: list[str]
 
 
-class EpisodeRunMetrics(TypedDict):
+class EpisodeScope(TypedDict):
+    """What part of the profile's seeds a run covers."""
+
+    #: ``--memeval-shard K/N``: the slice of the seeds (core/sharding.py), else null
+    shard: ShardScope | None
+
+
+class MergedShard(TypedDict):
+    """One shard run a merged run was made of (``memeval merge``)."""
+
+    shard: str
+    dir: str
+    n: int
+    first: str | None
+    last: str | None
+
+
+class _EpisodeRunMetricsOptional(TypedDict, total=False):
+    #: when the metrics were written (UTC, ISO 8601): runlayout.resume_target's reference
+    created: str
+    #: which seeds the run covers (every run written by this version has it)
+    scope: EpisodeScope
+    #: a merged run: the shard runs it was made of
+    merged_from: list[MergedShard]
+
+
+class EpisodeRunMetrics(_EpisodeRunMetricsOptional):
     """``metrics.json`` of a closed-loop run."""
 
     kind: str
@@ -88,7 +118,7 @@ class EpisodeRunMetrics(TypedDict):
     #: what the run is of: backend and version, game, parameters, fold, seeds, limits
     env: dict[str, Any]
     fingerprints: dict[str, Any]
-    #: every seed has a scored episode (no environment error, none missing)
+    #: every seed has a scored episode (no environment error, none missing, not a shard)
     complete: bool
     #: episode ids without a record (deselected, interrupted) and those in error
     missing: list[str]
@@ -283,10 +313,16 @@ def finalize_episode_run(
     ids: Sequence[str],
     records: Mapping[str, EpisodeRecord],
     wall_s: float | None,
+    shard: ShardScope | None = None,
+    merged_from: Sequence[MergedShard] | None = None,
 ) -> EpisodeRunMetrics:
     """Write ``predictions.jsonl`` (the records in ``ids`` order) and then ``metrics.json``,
     each atomically; the numbers are counted from the records as read back from the written
-    file, and must equal those counted from the records in memory (the recount)."""
+    file, and must equal those counted from the records in memory (the recount).
+
+    ``ids`` are the episodes the run is of (a shard's: its slice); ``shard`` its
+    ``core/sharding.shard_scope`` (a shard run is never ``complete``); ``merged_from`` the
+    shards a merged run was made of (``memeval merge``)."""
     ordered = [records[i] for i in ids if i in records]
     ordered += [records[i] for i in sorted(records) if i not in set(ids)]
     path = run_dir / PREDICTIONS
@@ -303,8 +339,12 @@ def finalize_episode_run(
         "episodes": overall,
         "slices": slices,
         "wall_s": wall_s,
+        "scope": {"shard": shard},
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    metrics["complete"] = not metrics["missing"] and not metrics["error_ids"]
+    if merged_from is not None:
+        metrics["merged_from"] = list(merged_from)
+    metrics["complete"] = not metrics["missing"] and not metrics["error_ids"] and shard is None
     in_memory = episode_run_numbers(ordered)
     if json.dumps(in_memory, sort_keys=True) != json.dumps((overall, slices), sort_keys=True):
         raise EpisodeRecordError(f"{path}: the recount differs from the records written")

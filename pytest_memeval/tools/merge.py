@@ -11,6 +11,7 @@ and writes nothing. The merged run is a complete run written like an unsharded o
 aggregated with :class:`~pytest_memeval.core.metrics.Tally` and checked by the independent
 recount before ``metrics.json`` is written. Each shard is read by
 :func:`~pytest_memeval.core.results.load_checked_run`, as ``memeval compare`` reads a run.
+Closed-loop (episode) shard runs are merged by :mod:`pytest_memeval.tools.episode_merge`.
 """
 
 from __future__ import annotations
@@ -46,16 +47,9 @@ from pytest_memeval.core.results import (
 from pytest_memeval.core.rundir import JOURNAL, METRICS, read_json
 from pytest_memeval.core.runlayout import new_subset_dir, resume_target
 from pytest_memeval.core.runlock import LockHeld, RunLock
+from pytest_memeval.tools.episode_merge import MergeError, is_episode_run, merge_episode_shards
 
 __all__ = ["MergeError", "ShardRun", "cli_arguments", "cli_main", "load_shard", "merge_shards"]
-
-
-class MergeError(Exception):
-    """The shard runs cannot be merged; ``problems`` says every reason."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = list(problems)
 
 
 def _resumed(metrics: Metrics) -> int:
@@ -372,9 +366,17 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OUT",
         help="run directory to write the merged run to (metrics.json + predictions.jsonl)",
     )
+    parser.add_argument(
+        "--allow-env-errors",
+        action="store_true",
+        help="closed-loop shards: merge episodes that ended in an environment error; the "
+        "merged run then says it is incomplete (complete: false, its error_ids)",
+    )
 
 
 def cli_main(args: argparse.Namespace) -> int:
+    if any(is_episode_run(path) for path in args.shards):
+        return _episode_cli_main(args)
     try:
         metrics = merge_shards(args.shards, args.out)
     except MergeError as exc:
@@ -387,3 +389,23 @@ def cli_main(args: argparse.Namespace) -> int:
         + counts_text(metrics)
     )
     return 0
+
+
+def _episode_cli_main(args: argparse.Namespace) -> int:
+    """``memeval merge`` of closed-loop shard runs (tools/episode_merge.py)."""
+    allow = bool(getattr(args, "allow_env_errors", False))
+    try:
+        metrics = merge_episode_shards(args.shards, args.out, allow_env_errors=allow)
+    except MergeError as exc:
+        print("memeval merge: refusing to merge, nothing written:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    success = metrics["episodes"]["success"]
+    state = "complete" if metrics["complete"] else f"INCOMPLETE: errors {metrics['error_ids']}"
+    print(
+        f"memeval merge: OK {len(metrics.get('merged_from') or [])} episode shards -> "
+        f"{args.out}: {metrics['episodes']['episodes']} episode(s), success "
+        f"{success['correct']}/{success['total']}; {state}"
+    )
+    return 0 if metrics["complete"] else 1

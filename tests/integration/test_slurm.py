@@ -37,6 +37,8 @@ from pytest_memeval.tools.slurm import (
     task_info,
 )
 
+from ..episodefactory import records as episode_records
+from ..episodefactory import write_episode_run
 from ..runfactory import SHARD_IDS as IDS
 from ..runfactory import write_shard
 
@@ -167,6 +169,38 @@ def test_shard_script_exit_status(
     call = (tmp_path / "calls").read_text()
     assert f"--memeval-shard=2/3 --memeval-out={p.out}/shard-2-of-3" in call
     assert "--memeval-resume" not in call
+
+
+def test_an_episode_profile_s_scripts_check_its_shards_and_merge_them(tmp_path: Path) -> None:
+    """The generated scripts, run by bash, on closed-loop shards (written by the episode
+    controller's finalize_episode_run): check-shard's verdict per task, and the merge job's
+    real ``memeval merge`` into the submission's directory."""
+    stub = tmp_path / "python"
+    stub.write_text(STUB.format(python=sys.executable))
+    stub.chmod(0o755)
+    p = Plan("twc", 2, 0, tmp_path / "out", tmp_path, str(stub))
+    env = {**os.environ, "SLURM_ARRAY_JOB_ID": "7", "STUB_RC": "1", "STUB_LOG": str(tmp_path / "c")}
+    errors = episode_records(errors=(4,))
+    write_episode_run(p.shard_dir(1), shard=(1, 2))
+    write_episode_run(p.shard_dir(2), shard=(2, 2), held=errors)
+
+    def task(k: int) -> subprocess.CompletedProcess[str]:
+        env["SLURM_ARRAY_TASK_ID"] = str(k)
+        return subprocess.run(
+            ["bash", "-c", shard_script(p)], env=env, capture_output=True, text=True
+        )
+
+    done = task(1)
+    assert done.returncode == 0 and "shard 1/2 finished: 3 episode(s)" in done.stdout, done.stderr
+    failed = task(2)  # an environment error: the task fails, the merge job never runs
+    assert failed.returncode == INCOMPLETE_EXIT and "environment error" in failed.stderr
+    write_episode_run(p.shard_dir(2), shard=(2, 2))  # rerun, finished
+    assert task(2).returncode == 0
+    merge = subprocess.run(["bash", "-c", merge_script(p)], env=env, capture_output=True, text=True)
+    assert merge.returncode == 0 and "OK 2 episode shards" in merge.stdout, merge.stderr
+    merged = json.loads((p.out / "metrics.json").read_text())
+    assert merged["complete"] and merged["kind"] == "episodes"
+    assert [m["shard"] for m in merged["merged_from"]] == ["1/2", "2/2"]
 
 
 def unfinished(run_dir: Path, stamp: str = "20261201T160000Z", done: int = 0) -> Path:

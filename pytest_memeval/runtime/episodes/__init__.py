@@ -6,6 +6,7 @@ from pytest_memeval.runtime.episodes.controller import (
     CONTROLLER_NAME,
     EpisodeController,
     deselect_resumed,
+    finished_run,
 )
 from pytest_memeval.runtime.episodes.items import (
     EPISODE_STATE_KEY,
@@ -32,6 +33,7 @@ __all__ = [
     "build_episode_state",
     "check_episode",
     "deselect_resumed",
+    "finished_run",
     "memeval_episode",
     "memeval_episode_seed",
     "parametrize_episodes",

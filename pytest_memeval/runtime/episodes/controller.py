@@ -7,12 +7,21 @@ written atomically, the numbers counted from the file as written (the recount). 
 environment errors or episodes not run is *incomplete* and says which; ``--memeval-resume``
 keeps the journal's scored episodes and runs only the others (errors included), provided the
 journal is of the same checkpoint, decoding and environment (its fingerprints).
+
+Where the files go is a scenario run's layout (core/runlayout.py): each run journals into a
+new ``subsets/<UTC time>/`` directory and is promoted to the top of the run directory when it
+is finished (:func:`finished_run`: every episode of the run has a record; a shard's without
+an environment error); a subset (``-k``, ``--lf``, deselected seeds) or an interrupted run
+stays in its ``subsets/<time>/``, and the finished run at the top is left alone. A resumed
+run continues the newest unfinished run in place, or a copy of the finished run's journal.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -28,10 +37,20 @@ from pytest_memeval.core.episode_records import (
 )
 from pytest_memeval.core.formatting import shown_list
 from pytest_memeval.core.profiles import profile_to_plain
-from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY, Journal
+from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY, METRICS, Journal
+from pytest_memeval.core.runlayout import new_subset_dir, promote, resume_target
+from pytest_memeval.core.sharding import shard_scope
 from pytest_memeval.runtime.episodes.items import SEED_FIXTURE, EpisodeState, episode_items
 
-__all__ = ["CONTROLLER_NAME", "EpisodeController", "deselect_resumed", "summary_lines"]
+__all__ = [
+    "CONTROLLER_NAME",
+    "EpisodeController",
+    "RunStage",
+    "deselect_resumed",
+    "finished_run",
+    "run_stage",
+    "summary_lines",
+]
 
 CONTROLLER_NAME = "memeval-episode-controller"
 
@@ -53,15 +72,46 @@ def _item_id(state: EpisodeState, item: pytest.Item) -> str | None:
     return episode_id(state.spec, seed) if isinstance(seed, int) else None
 
 
+class RunStage(NamedTuple):
+    """Where a run journals and writes its files before any promotion."""
+
+    #: a new ``subsets/<time>/``, or the unfinished run a resumed run continues
+    path: Path
+    #: a resumed finished run's journal, copied into ``path`` at the first record
+    copy_journal: Path | None
+
+
+def finished_run(metrics: EpisodeRunMetrics) -> bool:
+    """Whether a run is promoted to the top of its run directory: every episode of the run
+    has a record. Environment errors included (``--memeval-resume`` copies its journal and
+    reruns them), except in a shard: such a shard is no result for ``memeval merge``, and a
+    resubmitted Slurm task resumes the unfinished run it leaves in ``subsets/<time>/``."""
+    scope = metrics.get("scope")
+    sharded = scope is not None and scope["shard"] is not None
+    return not metrics["missing"] and not (sharded and metrics["error_ids"])
+
+
+def run_stage(run_dir: Path, resume: bool, started: float) -> RunStage:
+    """The stage of a run of ``run_dir`` started at ``started`` (``resume``: continuing)."""
+    target = resume_target(run_dir) if resume else None
+    if target == run_dir:
+        # The finished run at the top is never rewritten in place: its journal is copied.
+        return RunStage(new_subset_dir(run_dir, started), run_dir / JOURNAL)
+    return RunStage(target or new_subset_dir(run_dir, started), None)
+
+
 class EpisodeController:
     """Collects the episode records of a run and writes its directory at the end."""
 
     def __init__(self, config: pytest.Config, state: EpisodeState) -> None:
         self.config = config
         self.state = state
-        self.journal = Journal(state.run_dir / JOURNAL)
+        self.stage = run_stage(state.run_dir, bool(config.getoption("memeval_resume")), time.time())
+        self.journal = Journal(self.stage.copy_journal or self.stage.path / JOURNAL)
         self.records: dict[str, EpisodeRecord] = {}
         self.metrics: EpisodeRunMetrics | None = None
+        #: where the run's files are at the end: the top of the run directory, or its stage
+        self.written: Path | None = None
         self.started = time.monotonic()
         self.received = 0
         if config.getoption("memeval_resume"):
@@ -98,6 +148,7 @@ class EpisodeController:
         wi["memeval_episode_state"] = {
             "fingerprints": self.state.fingerprints,
             "env": self.state.env,
+            "shard": list(self.state.shard) if self.state.shard else None,
         }
 
     @pytest.hookimpl(tryfirst=True)
@@ -107,33 +158,56 @@ class EpisodeController:
             return
         record = validate_episode_record(data, f"the report of {report.nodeid}")
         if not self.journal.is_open:
-            resuming = bool(self.config.getoption("memeval_resume"))
-            self.journal.open(truncate=not resuming, header=self._header())
+            self._open_journal()
         self.journal.append(record)
         self.records[record["id"]] = record
         self.received += 1
         drop_report_record(report)
+
+    def _open_journal(self) -> None:
+        """At the first record (a run that runs nothing leaves no directory): the stage's
+        journal, a copy of a resumed finished run's, or the unfinished run's continued (its
+        old metrics removed first, so that a kill never leaves them beside new records)."""
+        resuming = bool(self.config.getoption("memeval_resume"))
+        stage = self.stage.path
+        if self.stage.copy_journal is not None:
+            stage.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.stage.copy_journal, stage / JOURNAL)
+            self.journal = Journal(stage / JOURNAL)
+        elif resuming:
+            (stage / METRICS).unlink(missing_ok=True)
+        self.journal.open(truncate=not resuming, header=self._header())
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.journal.close()
         if not self.received:
             return  # nothing ran: no run directory written (or rewritten)
         self.metrics = finalize_episode_run(
-            self.state.run_dir,
+            self.stage.path,
             profile=self.state.profile.name,
             env=self.state.env,
             fingerprints=self.state.fingerprints,
-            ids=self.state.ids(),
+            ids=self.state.run_ids(),
             records=self.records,
             wall_s=round(time.monotonic() - self.started, 3),
+            shard=shard_scope(self.state.ids(), self.state.shard),
         )
+        self.written = self.stage.path
+        if finished_run(self.metrics):
+            promote(self.stage.path, self.state.run_dir)
+            self.written = self.state.run_dir
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.metrics is None:
             return
         terminalreporter.section("memeval closed loop")
-        for line in summary_lines(self.metrics, str(self.state.run_dir)):
+        for line in summary_lines(self.metrics, str(self.written)):
             terminalreporter.write_line(line)
+        if self.written != self.state.run_dir:
+            terminalreporter.write_line(
+                f"not finished: written under {self.written}; the finished run at the top of "
+                f"{self.state.run_dir} is left as it was (--memeval-resume continues this one)"
+            )
 
 
 def summary_lines(metrics: EpisodeRunMetrics, run_dir: str) -> list[str]:
@@ -163,6 +237,13 @@ def summary_lines(metrics: EpisodeRunMetrics, run_dir: str) -> list[str]:
         lines.append(
             f"incomplete: {len(metrics['missing'])} episode(s) not run "
             f"({shown_list(metrics['missing'])})"
+        )
+    scope = metrics.get("scope")
+    shard = scope["shard"] if scope is not None else None
+    if shard:
+        lines.append(
+            f"shard {shard['spec']}: episodes {shard['first']} .. {shard['last']} of "
+            f"{shard['benchmark_total']}; merge the shards with memeval merge"
         )
     lines.append(f"run directory: {run_dir} (wall {metrics['wall_s']} s)")
     return lines

@@ -26,6 +26,7 @@ from pytest_memeval.compat.pytest import collect_module_object
 from pytest_memeval.core.episode_records import episode_id
 from pytest_memeval.core.ids import param_id
 from pytest_memeval.core.profiles import Profile, ProfileError, profile_from_plain
+from pytest_memeval.core.sharding import ShardError, select_shard, shard_dir_name, shard_slice
 from pytest_memeval.env import EnvSetupError, EnvSpec, TextEnv, describe_env, make_env
 from pytest_memeval.model.checks import (
     CheckpointError,
@@ -77,10 +78,23 @@ class EpisodeState:
     provide_items: bool
     #: --memeval-resume: ids of the episodes the journal already holds (no error)
     resume_done: set[str] = field(default_factory=set)
+    #: --memeval-shard K/N: ``(K, N)``; the run is of that slice of the seeds
+    shard: tuple[int, int] | None = None
 
     def ids(self) -> list[str]:
-        """Every episode id, in the order of the spec's seeds."""
+        """Every episode id of the profile, in the order of the spec's seeds."""
         return [episode_id(self.spec, seed) for seed in self.spec.seeds]
+
+    def run_seeds(self) -> list[int]:
+        """The seeds this run is of: every seed, or the shard's slice (core/sharding.py,
+        the split rule of a scenario run's shards over the seeds' order)."""
+        if self.shard is None:
+            return list(self.spec.seeds)
+        return shard_slice(self.spec.seeds, *self.shard)
+
+    def run_ids(self) -> list[str]:
+        """The ids of :meth:`run_seeds`."""
+        return [episode_id(self.spec, seed) for seed in self.run_seeds()]
 
 
 EPISODE_STATE_KEY = pytest.StashKey[EpisodeState]()
@@ -155,6 +169,7 @@ def build_episode_state(config: pytest.Config, name: str) -> EpisodeState | None
             env=dict(episode.get("env", {})),
             provide_items=bool(wi.get("memeval_provide_items", False)),
             resume_done=set(wi.get("memeval_resume_done", [])),
+            shard=_shard_pair(episode.get("shard")),
         )
     try:
         profile, overrides = controller_profile(config, name)
@@ -166,9 +181,7 @@ def build_episode_state(config: pytest.Config, name: str) -> EpisodeState | None
     where = f"{profile.source}: [tool.memeval.ckpt.{name}]"
     if profile.kind != "model":
         raise pytest.UsageError(f"{where}: 'env' needs a model profile")
-    if config.getoption("memeval_shard"):
-        # Not silently ignored: a shard of episodes has no merge yet (docs/closed-loop.md).
-        raise pytest.UsageError(f"--memeval-shard: not for a closed-loop profile yet ({where})")
+    shard = _select_shard(config, spec)
     try:
         profile, conversion = prepare_profile(profile, cache_dir(config), _say)
         _check_checkpoint(profile)
@@ -180,6 +193,8 @@ def build_episode_state(config: pytest.Config, name: str) -> EpisodeState | None
         run_dir = (config.invocation_params.dir / Path(out).expanduser()).resolve()
     else:
         run_dir = config.rootpath / config.getini("memeval_out") / run_dir_name(name, overrides)
+        if shard is not None:
+            run_dir = run_dir / shard_dir_name(*shard)
     return EpisodeState(
         profile=profile,
         spec=spec,
@@ -188,7 +203,28 @@ def build_episode_state(config: pytest.Config, name: str) -> EpisodeState | None
         fingerprints=_fingerprints(profile, conversion, env),
         env=env,
         provide_items=covers_project(config),
+        shard=shard,
     )
+
+
+def _select_shard(config: pytest.Config, spec: EnvSpec) -> tuple[int, int] | None:
+    """``--memeval-shard K/N`` over the profile's episodes (a usage error when malformed or
+    when shard K would be empty)."""
+    text = config.getoption("memeval_shard")
+    if not text:
+        return None
+    try:
+        _ids, shard = select_shard([episode_id(spec, seed) for seed in spec.seeds], text)
+    except ShardError as exc:
+        raise pytest.UsageError(str(exc).replace("scenario(s)", "episode(s)")) from None
+    return shard
+
+
+def _shard_pair(value: object) -> tuple[int, int] | None:
+    """The controller's ``(K, N)`` as a worker receives it (a list), or ``None``."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    return None
 
 
 def _say(line: str) -> None:
@@ -225,6 +261,6 @@ def parametrize_episodes(metafunc: pytest.Metafunc) -> None:
     mark = pytest.mark.memeval_eval
     params = [
         pytest.param(seed, id=param_id(episode_id(state.spec, seed)), marks=mark)
-        for seed in state.spec.seeds
+        for seed in state.run_seeds()
     ]
     metafunc.parametrize(SEED_FIXTURE, params, indirect=True)

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY
 from pytest_memeval.core.runlayout import SUBSETS, resume_target, top_level_run
-from pytest_memeval.tools.merge import load_shard
+from pytest_memeval.tools.episode_merge import EpisodeShard, is_episode_run, load_episode_shard
+from pytest_memeval.tools.merge import ShardRun, load_shard
 from pytest_memeval.tools.slurm.jobs import JobInfo, task_info
 from pytest_memeval.tools.slurm.plan import Plan
 
@@ -54,7 +55,13 @@ def check_shard(shard_dir: Path, k: int, n: int, pytest_exit: int) -> ShardVerdi
     """
     spec = f"{k}/{n}"
     problems: list[str] = []
-    run = load_shard(shard_dir, problems) if shard_dir.is_dir() else None
+    run: ShardRun | EpisodeShard | None = None
+    if is_episode_run(shard_dir):
+        # A closed-loop shard: the episode merge's own check (an environment error fails
+        # the task, so that a resubmission resumes it).
+        run = load_episode_shard(shard_dir, problems)
+    elif shard_dir.is_dir():
+        run = load_shard(shard_dir, problems)
     # load_shard refuses a finished run at the top with a newer unfinished run beside it (in
     # subsets/<time>/): that shard was run again since and did not finish.
     if run is not None and str(run.shard.get("spec")) != spec:
@@ -74,7 +81,8 @@ def check_shard(shard_dir: Path, k: int, n: int, pytest_exit: int) -> ShardVerdi
             INCOMPLETE_EXIT, f"memeval: shard {spec} FAILED: incomplete shard run: {detail}"
         )
     failed = "" if pytest_exit == 0 else " (pytest exit 1: wrong answers are results)"
-    return ShardVerdict(0, f"memeval: shard {spec} finished: {len(run.ids)} scenario(s){failed}")
+    what = "episode(s)" if isinstance(run, EpisodeShard) else "scenario(s)"
+    return ShardVerdict(0, f"memeval: shard {spec} finished: {len(run.ids)} {what}{failed}")
 
 
 def unfinished_run(run_dir: Path) -> Path | None:

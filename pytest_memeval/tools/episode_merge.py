@@ -1,0 +1,342 @@
+"""``memeval merge`` of closed-loop shard runs: ``--memeval-shard K/N`` episode runs -> one run.
+
+The episode counterpart of :mod:`pytest_memeval.tools.merge` (which hands episode runs here).
+Shards are merged only if each is a finished shard run whose ``metrics.json`` recounts equal
+to its ``predictions.jsonl`` (:func:`~pytest_memeval.core.episode_records.recount_episodes`),
+holds exactly the episodes of its slice of the seeds (``core/sharding.shard_slice``, the
+scenario runs' split rule), and together they are shards 1..N of the same N that agree on
+the profile, every fingerprint (model, adapter, tokenizer, decoding, environment) and the
+environment (backend and version, game, parameters, fold, seeds, limits). A shard with an
+environment error is refused (rerun it with ``--memeval-resume``) unless the merge is asked to
+keep such episodes (``--allow-env-errors``): the merged run then says so (``complete: false``,
+its ``error_ids``). Otherwise :class:`MergeError` lists every
+problem, naming the shard, and nothing is written (the error type of both merges is defined
+here, below merge.py, which re-exports it). The merged run is written by
+:func:`~pytest_memeval.core.episode_records.finalize_episode_run`, as an unsharded run is: its
+records in the order of the seeds, its numbers counted again from the file written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_memeval.core.episode_records import (
+    EpisodeRecord,
+    EpisodeRecordError,
+    EpisodeRunMetrics,
+    MergedShard,
+    finalize_episode_run,
+    read_episode_records,
+    recount_episodes,
+)
+from pytest_memeval.core.formatting import shown_ids
+from pytest_memeval.core.records import RecordError, ShardScope, validate_shard_scope
+from pytest_memeval.core.rundir import METRICS, PREDICTIONS, read_json
+from pytest_memeval.core.runlayout import resume_target
+from pytest_memeval.core.runlock import LockHeld, RunLock
+from pytest_memeval.core.sharding import shard_slice
+
+__all__ = [
+    "EpisodeShard",
+    "MergeError",
+    "check_episode_shards",
+    "is_episode_run",
+    "load_episode_shard",
+    "merge_episode_shards",
+]
+
+#: the ``kind`` of an episode run's ``metrics.json``
+EPISODES_KIND = "episodes"
+
+
+class MergeError(Exception):
+    """The shard runs cannot be merged; ``problems`` says every reason."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+def is_episode_run(path: Path) -> bool:
+    """Whether ``path`` holds a closed-loop run (its ``metrics.json`` says kind episodes)."""
+    try:
+        metrics = read_json(Path(path) / METRICS)
+    except (OSError, ValueError):
+        return False
+    return isinstance(metrics, dict) and metrics.get("kind") == EPISODES_KIND
+
+
+def all_ids(env: dict[str, Any]) -> list[str] | None:
+    """Every episode id of the environment a run is of (``<game>-<seed>`` in seed order)."""
+    seeds, game = env.get("seeds"), env.get("game")
+    if not isinstance(seeds, list) or not isinstance(game, str):
+        return None
+    return [f"{game}-{seed}" for seed in seeds]
+
+
+@dataclass
+class EpisodeShard:
+    """One episode shard run directory, read and checked on its own."""
+
+    path: Path
+    metrics: dict[str, Any]
+    shard: ShardScope
+    #: its checked records, in its predictions' order
+    records: list[EpisodeRecord] = field(default_factory=list, repr=False)
+
+    @property
+    def ids(self) -> list[str]:
+        """The episode ids of its records."""
+        return [r["id"] for r in self.records]
+
+    @property
+    def error_ids(self) -> list[str]:
+        """Its episodes that ended in an environment error."""
+        return [str(i) for i in self.metrics.get("error_ids") or []]
+
+    @property
+    def name(self) -> str:
+        return f"shard {self.shard['spec']} ({self.path})"
+
+    @property
+    def k(self) -> int:
+        return self.shard["index"]
+
+
+def _read(path: Path, problems: list[str]) -> tuple[dict[str, Any], list[EpisodeRecord]] | None:
+    """The metrics and records of the run at ``path``, recounted; problems appended."""
+    if not (path / METRICS).is_file():
+        # Unfinished runs are kept in subsets/<time>/ (runlayout.py).
+        unfinished = resume_target(path) if path.is_dir() else None
+        hint = f" (an unfinished run is in {unfinished}: --memeval-resume)" if unfinished else ""
+        problems.append(f"{path}: no {METRICS}: not a finished run{hint}")
+        return None
+    newer = resume_target(path)
+    if newer is not None and newer != path:
+        problems.append(
+            f"{path}: a newer unfinished run of this shard is in {newer}; finish it "
+            "(pytest --memeval-resume) or remove that directory before merging"
+        )
+        return None
+    try:
+        metrics = read_json(path / METRICS)
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path / METRICS}: unreadable ({exc})")
+        return None
+    if not isinstance(metrics, dict) or metrics.get("kind") != EPISODES_KIND:
+        problems.append(f"{path}: not a closed-loop (episode) run; cannot merge it with episodes")
+        return None
+    try:
+        records = read_episode_records(path / PREDICTIONS)
+        differences = recount_episodes(path / PREDICTIONS, metrics)
+    except FileNotFoundError:
+        problems.append(f"{path}: no {PREDICTIONS}")
+        return None
+    except (OSError, EpisodeRecordError) as exc:
+        problems.append(str(exc))
+        return None
+    if differences:
+        problems.append(
+            f"{path / METRICS}: disagrees with its {PREDICTIONS} on recount: "
+            + ", ".join(differences)
+        )
+        return None
+    return metrics, records
+
+
+def load_episode_shard(
+    path: Path, problems: list[str], allow_env_errors: bool = False
+) -> EpisodeShard | None:
+    """Read ``path`` as a finished episode shard run; what is wrong goes to ``problems``."""
+    read = _read(path, problems)
+    if read is None:
+        return None
+    metrics, records = read
+    block = (metrics.get("scope") or {}).get("shard")
+    if not isinstance(block, dict):
+        problems.append(
+            f"{path}: not a shard run (its metrics have no scope.shard); merge takes the runs "
+            "of pytest --memeval-shard K/N"
+        )
+        return None
+    try:
+        shard = validate_shard_scope(block, str(path / METRICS))
+    except RecordError as exc:
+        problems.append(str(exc))
+        return None
+    run = EpisodeShard(path=path, metrics=metrics, shard=shard, records=records)
+    missing = [str(i) for i in metrics.get("missing") or []]
+    if missing:
+        problems.append(
+            f"{run.name}: incomplete, {len(missing)} episode(s) have no record: "
+            f"{shown_ids(missing)}"
+        )
+    if run.error_ids and not allow_env_errors:
+        problems.append(
+            f"{run.name}: environment error in {len(run.error_ids)} episode(s) "
+            f"({shown_ids(run.error_ids)}); rerun the shard with --memeval-resume, or merge "
+            "with --allow-env-errors for a merged run that says it is incomplete"
+        )
+    ids = all_ids(metrics.get("env") or {})
+    if ids is None:
+        problems.append(f"{path / METRICS}: its 'env' names no game and seeds")
+    elif len(ids) != shard["benchmark_total"]:
+        problems.append(
+            f"{run.name}: its env has {len(ids)} seed(s), its scope.shard says "
+            f"{shard['benchmark_total']}"
+        )
+    else:
+        expected = shard_slice(ids, shard["index"], shard["count"])
+        if run.ids != expected:
+            problems.append(
+                f"{run.name}: holds episodes {shown_ids(run.ids)}, shard {shard['spec']} of the "
+                f"seeds is {shown_ids(expected)}"
+            )
+    return run
+
+
+def _agree(
+    runs: Sequence[EpisodeShard],
+    what: str,
+    value: Callable[[EpisodeShard], object],
+    problems: list[str],
+) -> None:
+    """One problem line when ``value(run)`` differs between runs, naming each run's value."""
+    values = [value(r) for r in runs]
+    if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
+        detail = "; ".join(f"{r.name}: {v}" for r, v in zip(runs, values, strict=True))
+        problems.append(f"{what} differs between shards: {detail}")
+
+
+def _fingerprint(key: str) -> Callable[[EpisodeShard], object]:
+    def value(run: EpisodeShard) -> object:
+        return (run.metrics.get("fingerprints") or {}).get(key)
+
+    return value
+
+
+def check_episode_shards(runs: Sequence[EpisodeShard], problems: list[str]) -> None:
+    """Cross-checks: same N, profile, fingerprints and env; shards 1..N each once, every
+    episode of the seeds exactly once."""
+    if not runs:
+        return
+    _agree(runs, "number of shards N", lambda r: r.shard["count"], problems)
+    _agree(runs, "profile", lambda r: r.metrics.get("profile"), problems)
+    _agree(runs, "env", lambda r: r.metrics.get("env"), problems)
+    keys = sorted({k for r in runs for k in (r.metrics.get("fingerprints") or {})})
+    for key in keys:
+        _agree(runs, f"{key} fingerprint", _fingerprint(key), problems)
+    n = runs[0].shard["count"]
+    if any(r.shard["count"] != n for r in runs):
+        return  # numbering is meaningless across different N; already reported
+    given = Counter(r.k for r in runs)
+    for k, times in sorted(given.items()):
+        if times > 1:
+            where = ", ".join(str(r.path) for r in runs if r.k == k)
+            problems.append(f"shard {k}/{n} given {times} times: {where}")
+    absent = [f"{k}/{n}" for k in range(1, n + 1) if k not in given]
+    if absent:
+        problems.append(f"missing shard(s): {', '.join(absent)} (no run directory given for them)")
+    seen: dict[str, EpisodeShard] = {}
+    duplicated = []
+    for r in sorted(runs, key=lambda r: r.k):
+        for eid in r.ids:
+            first = seen.setdefault(eid, r)
+            if first is not r:
+                duplicated.append(f"{eid} ({first.path} and {r.path})")
+    if duplicated:
+        problems.append(
+            f"{len(duplicated)} episode(s) appear in more than one shard: {shown_ids(duplicated)}"
+        )
+    ids = all_ids(runs[0].metrics.get("env") or {}) or []
+    uncovered = [i for i in ids if i not in seen]
+    if not absent and not duplicated and uncovered:
+        problems.append(f"the shards lack {len(uncovered)} episode(s): {shown_ids(uncovered)}")
+
+
+def _out_problems(out: Path, runs: Sequence[EpisodeShard]) -> list[str]:
+    """Why the merge must not be written to ``out``."""
+    if any(out == r.path for r in runs):
+        return [f"-o {out}: is one of the shard runs; choose another directory"]
+    if (out / METRICS).is_file():
+        try:
+            previous = read_json(out / METRICS)
+        except (OSError, ValueError):
+            previous = None
+        if not (isinstance(previous, dict) and previous.get("merged_from")):
+            return [f"-o {out}: already holds a run that is not a merge; refusing to overwrite it"]
+    return []
+
+
+def merge_episode_shards(
+    paths: Sequence[Path], out: Path, *, allow_env_errors: bool = False
+) -> EpisodeRunMetrics:
+    """Merge the episode shard runs in ``paths`` into the run directory ``out``.
+
+    Raises :class:`MergeError` (and writes nothing) unless the shards make exactly one run of
+    every seed.
+    """
+    problems: list[str] = []
+    out = Path(out).resolve()
+    runs = []
+    for path in paths:
+        run = load_episode_shard(Path(path).resolve(), problems, allow_env_errors)
+        if run is not None:
+            runs.append(run)
+    if not paths:
+        problems.append("no shard run directory given")
+    check_episode_shards(runs, problems)
+    problems += _out_problems(out, runs)
+    if problems:
+        raise MergeError(problems)
+    try:
+        lock = RunLock.acquire(out)
+    except LockHeld as exc:
+        raise MergeError([f"-o {out}: {exc}"]) from None
+    except OSError as exc:
+        raise MergeError([f"-o {out}: cannot lock it ({exc.strerror or exc})"]) from None
+    try:
+        problems = _out_problems(out, runs)  # again, under the lock
+        if problems:
+            raise MergeError(problems)
+        return _write_merged(sorted(runs, key=lambda r: r.k), out)
+    finally:
+        lock.release()
+
+
+def _write_merged(runs: list[EpisodeShard], out: Path) -> EpisodeRunMetrics:
+    first = runs[0].metrics
+    records = {r["id"]: r for run in runs for r in run.records}
+    walls = [run.metrics.get("wall_s") for run in runs]
+    merged_from: list[MergedShard] = [
+        {
+            "shard": run.shard["spec"],
+            "dir": str(run.path),
+            "n": len(run.records),
+            "first": run.shard["first"],
+            "last": run.shard["last"],
+        }
+        for run in runs
+    ]
+    # An earlier merge's metrics go first: a reader never sees them beside new predictions.
+    (out / METRICS).unlink(missing_ok=True)
+    try:
+        return finalize_episode_run(
+            out,
+            profile=str(first.get("profile")),
+            env=first.get("env") or {},
+            fingerprints=first.get("fingerprints") or {},
+            ids=all_ids(first.get("env") or {}) or [],
+            records=records,
+            # Shards run side by side: the merged run took as long as its slowest shard.
+            wall_s=max((w for w in walls if isinstance(w, (int, float))), default=None),
+            merged_from=merged_from,
+        )
+    except EpisodeRecordError as exc:  # pragma: no cover - the recount disagrees: a bug
+        (out / PREDICTIONS).unlink(missing_ok=True)
+        raise MergeError([f"-o {out}: {exc}"]) from None
