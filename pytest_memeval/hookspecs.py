@@ -108,8 +108,9 @@ def pytest_memeval_run_finished(config: pytest.Config, run: FinishedRun) -> None
     has no ``m1``/``m2``: an implementation that knows only scenario runs should return when
     ``run.episodes is not None``. ``run.gate`` is the closed-loop gate's outcome
     (``--memeval-min-success``, ``--memeval-baseline``) or ``None`` without one, and
-    ``run.run_dir`` is the run directory itself. For a scenario run ``run.episodes`` is
-    ``None`` (``run.kind == "scenarios"``).
+    ``run.run_dir`` is where its files are, as for a scenario run (the top of the run
+    directory once finished, else its ``subsets/<UTC time>/``). For a scenario run
+    ``run.episodes`` is ``None`` (``run.kind == "scenarios"``).
 
     The bundled step summary (``$GITHUB_STEP_SUMMARY``, ``--memeval-summary-md``), the JUnit
     properties (``--junitxml``) and the MLflow logger (``--memeval-mlflow``) are

@@ -158,7 +158,11 @@ class _Publisher:
     def _finished_episodes(self, session: pytest.Session) -> FinishedRun | None:
         """A closed-loop run's (its controller wrote the run directory), else None."""
         controller = self.config.pluginmanager.get_plugin(EPISODE_CONTROLLER)
-        if not isinstance(controller, EpisodeController) or controller.metrics is None:
+        if (
+            not isinstance(controller, EpisodeController)
+            or controller.metrics is None
+            or controller.written is None
+        ):
             return None
         state = controller.state
         html = self.config.getoption("htmlpath", None)
@@ -174,7 +178,7 @@ class _Publisher:
                 baseline = gate.settings.baseline.path
         return FinishedRun(
             ckpt=state.profile.name,
-            run_dir=state.run_dir,
+            run_dir=controller.written,
             run_root=state.run_dir,
             # The same document, for implementations that read only what both kinds share.
             metrics=cast(Metrics, controller.metrics),
