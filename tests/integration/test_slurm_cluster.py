@@ -27,7 +27,8 @@ import pytest
 from pytest_memeval.core.recount import recount_run
 from pytest_memeval.tools.cli import main
 
-from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject, demo_records
+from ..conftest import ADAPTERS, BASE_MODEL, INNER_ADDOPTS, MemevalProject, demo_records
+from ..envs import TWC_TABLE, require_textworld
 from ..runfactory import COUNT_FIELDS, content, read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -331,3 +332,59 @@ def test_slurm_submit_fail_resubmit_merge(
     assert content(read_jsonl(second / "predictions.jsonl")) == expected
     assert slurm("resubmit", second) == 0
     assert "nothing to resubmit" in capsys.readouterr().out
+
+
+# -- a closed-loop profile: four twc episodes, two shards -------------------------------------
+
+PARAMS = TWC_TABLE["params"]
+ENV_REST = 'fold = "test", seeds = "0-3", max_steps = 2'  # TOML's inline tables: one line
+EPISODE_PROFILE = f"""
+[tool.memeval.ckpt.acting]
+model = "ckpt/base"
+adapter = "ckpt/adapter"
+generation = {{ max_new_tokens = 6 }}
+env = {{ backend = "textworld_express", game = "twc", params = "{PARAMS}", {ENV_REST} }}
+
+[tool.memeval.slurm]
+time = "00:10:00"
+sbatch_args = ["--cpus-per-task=1"]
+"""
+
+
+def test_slurm_runs_closed_loop_shards_and_merges_them(
+    slurm_cluster: Cluster,
+    memeval_project: MemevalProject,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Episode shards as Slurm array tasks (each with its own TextWorld Express JVM), the
+    merge job's episode merge: the merged run holds exactly the unsharded run's episodes."""
+    require_textworld()
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS"):
+        monkeypatch.delenv(var, raising=False)
+    project = memeval_project.path
+    shutil.copytree(BASE_MODEL, project / "ckpt" / "base")
+    shutil.copytree(ADAPTERS / "oracle", project / "ckpt" / "adapter")
+    text = f'[tool.pytest.ini_options]\naddopts = "{INNER_ADDOPTS}"\n' + EPISODE_PROFILE
+    (project / "pyproject.toml").write_text(text, "utf-8")
+
+    reference = project / "reference"
+    full = memeval_project.run("--ckpt", "acting", f"--memeval-out={reference}")
+    assert full.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), full.stdout.str()
+    expected = read_jsonl(reference / "predictions.jsonl")
+    assert [r["id"] for r in expected] == [f"twc-{seed}" for seed in range(4)]
+
+    capsys.readouterr()
+    assert slurm("submit", "--ckpt", "acting", "--shards", 2, "--wait", "--poll", 1) == 0
+    out = capsys.readouterr().out
+    merged_dir = project / "runs" / "acting"
+    assert f"merged run complete: {merged_dir}" in out
+    for k in (1, 2):
+        assert f"shard {k}/2: done" in out
+    assert "merge:" in out and "episodes=4 success=" in out  # the status names what merged
+    merged = json.loads((merged_dir / "metrics.json").read_text("utf-8"))
+    assert merged["kind"] == "episodes" and merged["complete"] is True
+    assert main(["recount", str(merged_dir)]) == 0
+    assert read_jsonl(merged_dir / "predictions.jsonl") == expected

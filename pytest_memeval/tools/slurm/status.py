@@ -60,6 +60,16 @@ def merged_metrics(out: Path) -> dict[str, Any] | None:
     return None
 
 
+def merged_numbers(merged: dict[str, Any]) -> str:
+    """The merged run's headline: m1 of a scenario run, success of a closed-loop run."""
+    if merged.get("kind") == "episodes":
+        numbers = merged["episodes"]
+        success = numbers["success"]
+        return f"episodes={numbers['episodes']} success={success['correct']}/{success['total']}"
+    m1 = merged["m1"]
+    return f"n={merged['n']} m1={m1['correct']}/{m1['total']}"
+
+
 def report_status(out: Path, runner: SlurmRunner) -> StatusReport:
     """Print the status table; returns the shard states and whether the merged run is there."""
     data = read_submission(out)
@@ -82,8 +92,7 @@ def report_status(out: Path, runner: SlurmRunner) -> StatusReport:
     failed = [f"{s.k}/{plan.shards}" for s in states if s.run == "failed"]
     if merged is not None and merged.get("merged_from") and (info is None or info.final):
         # (while the latest merge job waits, a metrics.json there is an earlier merge's)
-        m1 = merged["m1"]
-        what = f"done: {plan.out} n={merged['n']} m1={m1['correct']}/{m1['total']}"
+        what = f"done: {plan.out} {merged_numbers(merged)}"
     elif info is None:
         what = "not known to Slurm" if job_id else "not submitted"
     elif info.state == "CANCELLED" and "Dependency" in info.reason:
