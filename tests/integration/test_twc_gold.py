@@ -17,7 +17,7 @@ from pytest_memeval.core.benchmark import BenchmarkError, from_records
 from pytest_memeval.core.builders import build_bundled
 from pytest_memeval.env import make_env, parse_env_spec
 
-from ..conftest import MemevalProject
+from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject
 from ..envs import java_children, require_textworld
 
 #: two rooms behind doors, two objects: containers to open on some seeds
@@ -106,20 +106,24 @@ def test_without_java_one_error_says_what_to_install(monkeypatch: pytest.MonkeyP
         build_bundled("twc_gold", {"seeds": "0"}, Path("."))
 
 
-PROFILE = f"""
+#: a profile over the demo checkpoint whose benchmark is built from two one-room seeds
+PROFILE = """
 [tool.memeval.ckpt.twc]
-model = "{{model}}"
-adapter = "{{adapter}}"
-benchmark = {{{{ builder = "twc_gold", params = "numLocations=1,numItemsToPutAway=1,includeDoors=0", fold = "test", seeds = "0-1" }}}}
-generation = {{{{ max_new_tokens = 8 }}}}
+model = "{model}"
+adapter = "{adapter}"
+generation = {{ max_new_tokens = 8 }}
+
+[tool.memeval.ckpt.twc.benchmark]
+builder = "twc_gold"
+params = "numLocations=1,numItemsToPutAway=1,includeDoors=0"
+fold = "test"
+seeds = "0-1"
 """
 
 
 @pytest.mark.slow
 def test_a_profile_evaluates_the_built_benchmark(memeval_project: MemevalProject) -> None:
     require_textworld()
-    from ..conftest import ADAPTERS, BASE_MODEL
-
     profile = PROFILE.format(model=BASE_MODEL.as_posix(), adapter=(ADAPTERS / "oracle").as_posix())
     memeval_project.write(profiles=profile)
     result = memeval_project.run("--ckpt", "twc", "-n", "0")

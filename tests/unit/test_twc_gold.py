@@ -33,7 +33,10 @@ def test_the_builder_is_registered_under_its_profile_name() -> None:
 
 
 def test_puts_and_opens_are_read_from_the_gold_actions() -> None:
-    assert twc_gold.puts(GOLD) == [("newspaper", "side table"), ("dirty mesh skimmer", "dishwasher")]
+    assert twc_gold.puts(GOLD) == [
+        ("newspaper", "side table"),
+        ("dirty mesh skimmer", "dishwasher"),
+    ]
     # a door is not a container
     assert twc_gold.opened_containers(GOLD) == ["dishwasher", "kitchen cupboard"]
 

@@ -167,15 +167,15 @@ def play_gold(env: TextEnv, fold: str, seed: int) -> GoldEpisode:
     observation, info = env.reset(seed, {"gold_path": True})
     actions = tuple(str(a) for a in gold_actions())
     observations = []
-    success = info.success
+    success = bool(info.success)
     for action in actions:
         result = env.step(action)
         observations.append(result.observation.strip())
-        success = result.info.success
+        success = bool(result.info.success)
     return GoldEpisode(
         fold=fold,
         seed=seed,
-        task=info.task_description.strip(),
+        task=(info.task_description or "").strip(),
         first_observation=observation.strip(),
         actions=actions,
         observations=tuple(observations),
