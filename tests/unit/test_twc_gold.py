@@ -49,6 +49,11 @@ def test_where_put_asks_about_the_first_object_put_away() -> None:
     )
 
 
+def test_where_put_answers_where_the_object_was_put_last() -> None:
+    moved = ("take mug", "put mug on shelf", "take mug", "put mug in cupboard")
+    assert twc_gold.question(moved, "where-put")[1] == "cupboard"
+
+
 def test_opened_asks_for_the_first_container_opened() -> None:
     assert twc_gold.question(GOLD, "opened") == (
         "Which container did you open first?",

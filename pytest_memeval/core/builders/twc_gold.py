@@ -22,8 +22,8 @@ Each seed becomes one scenario, id ``twc-<fold>-<seed>``:
 The question (``query``):
 
 * ``where-put`` (default): ``Where did you put the <object>?`` about the object of the gold
-  path's *first* ``put X in/on Y`` (the one furthest back); the answer is ``Y``. The gold path
-  never moves an object again once put, so ``Y`` is where the final state has it.
+  path's *first* ``put X in/on Y`` (the one furthest back); the answer is where the path put
+  ``X`` last (the gold path puts each object once), which is where the final state has it.
 * ``opened``: where the gold path opened a container (``open X``, not ``open door to ...``),
   ``Which container did you open?`` (``Which container did you open first?`` when it opened
   several); the answer is that container. The gold path never closes anything, so it is
@@ -116,7 +116,9 @@ def question(actions: Sequence[str], query: str) -> tuple[str, str, str]:
     put = puts(actions)
     if not put:
         raise ValueError(f"the gold path puts no object away: {list(actions)}")
-    obj, place = put[0]
+    obj = put[0][0]
+    # where the object was put last: its place in the final state
+    place = [where for what, where in put if what == obj][-1]
     return f"Where did you put the {obj}?", place, "query:where-put"
 
 
