@@ -350,7 +350,9 @@ CALLERS = ("tests", "contracts", "demo", "conftest.py")
 PUBLIC_FOLDERS = (f"{ROOT}.env",)
 #: packages below a layer whose modules are public one by one (package -> why)
 OPEN_PACKAGES = {
-    f"{ROOT}.core.builders": "one module a builder (scene_memory); __init__ is their registry",
+    f"{ROOT}.core.builders": (
+        "one module a builder (scene_memory, twc_gold); __init__ is their registry"
+    ),
 }
 #: where users import from (README, docs): the top-level package re-exports core names, and the
 #: public modules re-export the items a test module collects; no module of the package imports

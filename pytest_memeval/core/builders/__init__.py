@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_memeval.core.benchmark import Benchmark, BenchmarkError, from_records, load_jsonl
-from pytest_memeval.core.builders import scene_memory
+from pytest_memeval.core.builders import scene_memory, twc_gold
 from pytest_memeval.core.profiles import Profile
 
 __all__ = ["BUILDERS", "Builder", "BuilderLookup", "build_bundled", "load_profile_benchmark"]
@@ -28,7 +28,7 @@ __all__ = ["BUILDERS", "Builder", "BuilderLookup", "build_bundled", "load_profil
 Builder = Callable[[Mapping[str, Any], Path], Iterator[dict[str, Any]]]
 
 #: Registered builders by name.
-BUILDERS: dict[str, Builder] = {"scene_memory": scene_memory.build}
+BUILDERS: dict[str, Builder] = {"scene_memory": scene_memory.build, "twc_gold": twc_gold.build}
 
 #: Finds a builder by name and runs it: ``(builder, options, rootdir) -> records``, or
 #: ``None`` when no builder of that name is known.
