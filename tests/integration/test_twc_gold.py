@@ -41,7 +41,7 @@ def built() -> list[dict[str, Any]]:
 
 def test_records_validate_through_the_benchmark_loader(built: list[dict[str, Any]]) -> None:
     bench = from_records(built, "twc_gold")
-    assert [s.id for s in bench.scenarios] == [f"twc-test-{seed}" for seed in range(5)]
+    assert [s.id for s in bench.scenarios] == [f"twc-{seed}" for seed in range(5)]
     for scenario, record in zip(bench.scenarios, built, strict=True):
         roles = [m["role"] for m in scenario.messages]
         assert roles[:2] == ["system", "user"] and roles[-1] == "assistant"
@@ -131,7 +131,7 @@ def test_a_profile_evaluates_the_built_benchmark(memeval_project: MemevalProject
     # one final-query item and one turns item per scenario, each scored (passed or failed)
     assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 4, result.stdout.str()
     predictions = memeval_project.predictions("twc")
-    assert sorted(p["id"] for p in predictions) == ["twc-test-0", "twc-test-1"]
+    assert sorted(p["id"] for p in predictions) == ["twc-0", "twc-1"]
     metrics = memeval_project.metrics("twc")
     assert metrics["n"] == 2 and metrics["m1"]["total"] == 2
     # every gold action is a scored turn: at least look around, take and put per seed

@@ -10,7 +10,9 @@ Options come from a TOML table such as::
 teacher-forced (this builder), free-running and closed-loop (its ``env`` table). ``game`` is
 ``twc`` (the only game whose gold path this builder knows how to question).
 
-Each seed becomes one scenario, id ``twc-<fold>-<seed>``:
+Each seed becomes one scenario, id ``twc-<seed>``, the id of that seed's closed-loop episode
+(one benchmark is one fold: the fold is in each scenario's ``meta``), so runs of the same
+seeds pair by id:
 
 * the system message is the task description;
 * the first user message is the observation after ``reset``;
@@ -148,7 +150,7 @@ def render_record(spec: EnvSpec, episode: GoldEpisode, query: str) -> dict[str, 
     messages[-1] = {"role": "user", "content": f"{messages[-1]['content']}\n\n{text}"}
     messages.append({"role": "assistant", "content": answer})
     return {
-        "id": f"twc-{episode.fold}-{episode.seed}",
+        "id": f"twc-{episode.seed}",
         "messages": messages,
         "tags": scenario_tags(spec, episode.actions, query_tag),
         "meta": {
