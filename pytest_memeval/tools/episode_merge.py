@@ -39,6 +39,7 @@ from pytest_memeval.core.runlayout import resume_target
 from pytest_memeval.core.sharding import shard_slice
 from pytest_memeval.tools.shard_checks import (
     MergeError,
+    ShardNamed,
     agree,
     agree_fingerprints,
     check_numbering,
@@ -79,7 +80,7 @@ def all_ids(env: dict[str, Any]) -> list[str] | None:
 
 
 @dataclass
-class EpisodeShard:
+class EpisodeShard(ShardNamed):
     """One episode shard run directory, read and checked on its own."""
 
     path: Path
@@ -97,14 +98,6 @@ class EpisodeShard:
     def error_ids(self) -> list[str]:
         """Its episodes that ended in an environment error."""
         return [str(i) for i in self.metrics.get("error_ids") or []]
-
-    @property
-    def name(self) -> str:
-        return f"shard {self.shard['spec']} ({self.path})"
-
-    @property
-    def k(self) -> int:
-        return self.shard["index"]
 
 
 def _read(path: Path, problems: list[str]) -> tuple[dict[str, Any], list[EpisodeRecord]] | None:

@@ -41,6 +41,7 @@ from pytest_memeval.core.runlayout import new_subset_dir, resume_target
 from pytest_memeval.tools.episode_merge import is_episode_run, merge_episode_shards
 from pytest_memeval.tools.shard_checks import (
     MergeError,
+    ShardNamed,
     agree,
     agree_fingerprints,
     check_numbering,
@@ -60,7 +61,7 @@ def _resumed(metrics: Metrics) -> int:
 
 
 @dataclass
-class ShardRun:
+class ShardRun(ShardNamed):
     """One shard run directory, read and checked on its own."""
 
     path: Path
@@ -70,14 +71,6 @@ class ShardRun:
     indices: list[int]
     #: its checked records, in its predictions' order (what the merge writes)
     records: list[Record] = field(default_factory=list, repr=False)
-
-    @property
-    def name(self) -> str:
-        return f"shard {self.shard['spec']} ({self.path})"
-
-    @property
-    def k(self) -> int:
-        return self.shard["index"]
 
 
 def load_shard(path: Path, problems: list[str]) -> ShardRun | None:

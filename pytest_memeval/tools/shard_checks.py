@@ -24,6 +24,7 @@ from pytest_memeval.core.runlock import LockHeld, RunLock
 __all__ = [
     "MergeError",
     "ShardLike",
+    "ShardNamed",
     "agree",
     "agree_fingerprints",
     "check_numbering",
@@ -43,6 +44,22 @@ class MergeError(Exception):
     def __init__(self, problems: Sequence[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = list(problems)
+
+
+class ShardNamed:
+    """The name and number of a shard run, from its ``path`` and ``shard`` (a base of the
+    shard run types of both merges)."""
+
+    path: Path
+    shard: ShardScope
+
+    @property
+    def name(self) -> str:
+        return f"shard {self.shard['spec']} ({self.path})"
+
+    @property
+    def k(self) -> int:
+        return self.shard["index"]
 
 
 class ShardLike(Protocol):
