@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,6 +16,8 @@ from typing import Any, ClassVar
 import pytest
 
 from pytest_memeval.env import EnvSpec, Message, parse_env_spec
+
+from .conftest import ADAPTERS, BASE_MODEL, INNER_ADDOPTS
 
 #: a small household clean-up: one room, two objects, no doors (six gold actions)
 TWC_TABLE: dict[str, Any] = {
@@ -25,6 +28,36 @@ TWC_TABLE: dict[str, Any] = {
     "seeds": "0-9",
     "max_steps": 12,
 }
+
+
+#: TWC_TABLE's game as keys of a TOML inline table (one line), without its seeds and limits
+TWC_TOML = (
+    f'backend = "textworld_express", game = "twc", params = "{TWC_TABLE["params"]}", fold = "test"'
+)
+
+
+def twc_profile(name: str, seeds: str, *, adapter: str = "oracle", extra: str = "") -> str:
+    """A ``[tool.memeval.ckpt.NAME]`` profile for the pytester runs: the base model with the
+    test adapter ``adapter``, 6 new tokens, :data:`TWC_TOML`'s game on ``seeds`` with 2 steps
+    (``extra``: more env keys, as ``, key = value``)."""
+    return textwrap.dedent(
+        f"""
+        [tool.memeval.ckpt.{name}]
+        model = "{BASE_MODEL.as_posix()}"
+        adapter = "{(ADAPTERS / adapter).as_posix()}"
+        generation = {{ max_new_tokens = 6 }}
+        env = {{ {TWC_TOML}, seeds = "{seeds}", max_steps = 2{extra} }}
+        """
+    )
+
+
+def write_pyproject(root: Path, profiles: str, conftest: str = "") -> None:
+    """Write ``root/pyproject.toml`` (the inner runs' addopts, then ``profiles``) and, when
+    given, ``root/conftest.py`` (``conftest`` dedented)."""
+    text = f'[tool.pytest.ini_options]\naddopts = "{INNER_ADDOPTS}"\n' + profiles
+    (root / "pyproject.toml").write_text(text, "utf-8")
+    if conftest:
+        (root / "conftest.py").write_text(textwrap.dedent(conftest), "utf-8")
 
 
 def twc_spec(**changes: Any) -> EnvSpec:

@@ -9,18 +9,16 @@ the profile, every fingerprint (model, adapter, tokenizer, decoding, environment
 environment (backend and version, game, parameters, fold, seeds, limits). A shard with an
 environment error is refused (rerun it with ``--memeval-resume``) unless the merge is asked to
 keep such episodes (``--allow-env-errors``): the merged run then says so (``complete: false``,
-its ``error_ids``). Otherwise :class:`MergeError` lists every
-problem, naming the shard, and nothing is written (the error type of both merges is defined
-here, below merge.py, which re-exports it). The merged run is written by
+its ``error_ids``). Otherwise :class:`MergeError` lists every problem, naming the shard, and
+nothing is written (the checks of a set of shards and the error type are both merges':
+:mod:`pytest_memeval.tools.shard_checks`). The merged run is written by
 :func:`~pytest_memeval.core.episode_records.finalize_episode_run`, as an unsharded run is: its
 records in the order of the seeds, its numbers counted again from the file written.
 """
 
 from __future__ import annotations
 
-import json
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +33,21 @@ from pytest_memeval.core.episode_records import (
     recount_episodes,
 )
 from pytest_memeval.core.formatting import shown_ids
-from pytest_memeval.core.records import RecordError, ShardScope, validate_shard_scope
+from pytest_memeval.core.records import ShardScope
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS, read_json
 from pytest_memeval.core.runlayout import resume_target
-from pytest_memeval.core.runlock import LockHeld, RunLock
 from pytest_memeval.core.sharding import shard_slice
+from pytest_memeval.tools.shard_checks import (
+    MergeError,
+    ShardNamed,
+    agree,
+    agree_fingerprints,
+    check_numbering,
+    load_all,
+    out_problems,
+    shard_scope_of,
+    write_locked,
+)
 
 __all__ = [
     "EpisodeShard",
@@ -52,14 +60,6 @@ __all__ = [
 
 #: the ``kind`` of an episode run's ``metrics.json``
 EPISODES_KIND = "episodes"
-
-
-class MergeError(Exception):
-    """The shard runs cannot be merged; ``problems`` says every reason."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = list(problems)
 
 
 def is_episode_run(path: Path) -> bool:
@@ -80,7 +80,7 @@ def all_ids(env: dict[str, Any]) -> list[str] | None:
 
 
 @dataclass
-class EpisodeShard:
+class EpisodeShard(ShardNamed):
     """One episode shard run directory, read and checked on its own."""
 
     path: Path
@@ -98,14 +98,6 @@ class EpisodeShard:
     def error_ids(self) -> list[str]:
         """Its episodes that ended in an environment error."""
         return [str(i) for i in self.metrics.get("error_ids") or []]
-
-    @property
-    def name(self) -> str:
-        return f"shard {self.shard['spec']} ({self.path})"
-
-    @property
-    def k(self) -> int:
-        return self.shard["index"]
 
 
 def _read(path: Path, problems: list[str]) -> tuple[dict[str, Any], list[EpisodeRecord]] | None:
@@ -157,17 +149,8 @@ def load_episode_shard(
     if read is None:
         return None
     metrics, records = read
-    block = (metrics.get("scope") or {}).get("shard")
-    if not isinstance(block, dict):
-        problems.append(
-            f"{path}: not a shard run (its metrics have no scope.shard); merge takes the runs "
-            "of pytest --memeval-shard K/N"
-        )
-        return None
-    try:
-        shard = validate_shard_scope(block, str(path / METRICS))
-    except RecordError as exc:
-        problems.append(str(exc))
+    shard = shard_scope_of(path, metrics, problems)
+    if shard is None:
         return None
     run = EpisodeShard(path=path, metrics=metrics, shard=shard, records=records)
     missing = [str(i) for i in metrics.get("missing") or []]
@@ -200,77 +183,22 @@ def load_episode_shard(
     return run
 
 
-def _agree(
-    runs: Sequence[EpisodeShard],
-    what: str,
-    value: Callable[[EpisodeShard], object],
-    problems: list[str],
-) -> None:
-    """One problem line when ``value(run)`` differs between runs, naming each run's value."""
-    values = [value(r) for r in runs]
-    if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
-        detail = "; ".join(f"{r.name}: {v}" for r, v in zip(runs, values, strict=True))
-        problems.append(f"{what} differs between shards: {detail}")
-
-
-def _fingerprint(key: str) -> Callable[[EpisodeShard], object]:
-    def value(run: EpisodeShard) -> object:
-        return (run.metrics.get("fingerprints") or {}).get(key)
-
-    return value
-
-
 def check_episode_shards(runs: Sequence[EpisodeShard], problems: list[str]) -> None:
     """Cross-checks: same N, profile, fingerprints and env; shards 1..N each once, every
     episode of the seeds exactly once."""
     if not runs:
         return
-    _agree(runs, "number of shards N", lambda r: r.shard["count"], problems)
-    _agree(runs, "profile", lambda r: r.metrics.get("profile"), problems)
-    _agree(runs, "env", lambda r: r.metrics.get("env"), problems)
-    keys = sorted({k for r in runs for k in (r.metrics.get("fingerprints") or {})})
-    for key in keys:
-        _agree(runs, f"{key} fingerprint", _fingerprint(key), problems)
-    n = runs[0].shard["count"]
-    if any(r.shard["count"] != n for r in runs):
-        return  # numbering is meaningless across different N; already reported
-    given = Counter(r.k for r in runs)
-    for k, times in sorted(given.items()):
-        if times > 1:
-            where = ", ".join(str(r.path) for r in runs if r.k == k)
-            problems.append(f"shard {k}/{n} given {times} times: {where}")
-    absent = [f"{k}/{n}" for k in range(1, n + 1) if k not in given]
-    if absent:
-        problems.append(f"missing shard(s): {', '.join(absent)} (no run directory given for them)")
-    seen: dict[str, EpisodeShard] = {}
-    duplicated = []
-    for r in sorted(runs, key=lambda r: r.k):
-        for eid in r.ids:
-            first = seen.setdefault(eid, r)
-            if first is not r:
-                duplicated.append(f"{eid} ({first.path} and {r.path})")
-    if duplicated:
-        problems.append(
-            f"{len(duplicated)} episode(s) appear in more than one shard: {shown_ids(duplicated)}"
-        )
+    agree(runs, "number of shards N", lambda r: r.shard["count"], problems)
+    agree(runs, "profile", lambda r: r.metrics.get("profile"), problems)
+    agree(runs, "env", lambda r: r.metrics.get("env"), problems)
+    agree_fingerprints(runs, problems)
+    seen = check_numbering(runs, "episode", problems)
+    if seen is None:
+        return  # the numbering or an episode given twice is already reported
     ids = all_ids(runs[0].metrics.get("env") or {}) or []
     uncovered = [i for i in ids if i not in seen]
-    if not absent and not duplicated and uncovered:
+    if uncovered:
         problems.append(f"the shards lack {len(uncovered)} episode(s): {shown_ids(uncovered)}")
-
-
-def _out_problems(out: Path, runs: Sequence[EpisodeShard]) -> list[str]:
-    """Why the merge must not be written to ``out``."""
-    if any(out == r.path for r in runs):
-        return [f"-o {out}: is one of the shard runs; choose another directory"]
-    if (out / METRICS).is_file():
-        try:
-            previous = read_json(out / METRICS)
-        except (OSError, ValueError):
-            previous = None
-        if not (isinstance(previous, dict) and previous.get("merged_from")):
-            return [f"-o {out}: already holds a run that is not a merge; refusing to overwrite it"]
-    return []
 
 
 def merge_episode_shards(
@@ -283,30 +211,18 @@ def merge_episode_shards(
     """
     problems: list[str] = []
     out = Path(out).resolve()
-    runs = []
-    for path in paths:
-        run = load_episode_shard(Path(path).resolve(), problems, allow_env_errors)
-        if run is not None:
-            runs.append(run)
-    if not paths:
-        problems.append("no shard run directory given")
+    runs = load_all(
+        paths, lambda path, found: load_episode_shard(path, found, allow_env_errors), problems
+    )
     check_episode_shards(runs, problems)
-    problems += _out_problems(out, runs)
+    problems += out_problems(out, runs)
     if problems:
         raise MergeError(problems)
-    try:
-        lock = RunLock.acquire(out)
-    except LockHeld as exc:
-        raise MergeError([f"-o {out}: {exc}"]) from None
-    except OSError as exc:
-        raise MergeError([f"-o {out}: cannot lock it ({exc.strerror or exc})"]) from None
-    try:
-        problems = _out_problems(out, runs)  # again, under the lock
-        if problems:
-            raise MergeError(problems)
-        return _write_merged(sorted(runs, key=lambda r: r.k), out)
-    finally:
-        lock.release()
+    return write_locked(
+        out,
+        lambda: out_problems(out, runs),  # again, under the lock
+        lambda: _write_merged(sorted(runs, key=lambda r: r.k), out),
+    )
 
 
 def _write_merged(runs: list[EpisodeShard], out: Path) -> EpisodeRunMetrics:

@@ -18,25 +18,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_memeval.core.formatting import counts_text, shown_ids
 from pytest_memeval.core.history import describe_history, history_of
 from pytest_memeval.core.metrics import METRICS_SCHEMA_VERSION
-from pytest_memeval.core.records import (
-    Metrics,
-    Record,
-    RecordError,
-    ShardScope,
-    validate_shard_scope,
-)
+from pytest_memeval.core.records import Metrics, Record, ShardScope
 from pytest_memeval.core.results import (
     FinalizeError,
     RunFacts,
@@ -44,10 +36,20 @@ from pytest_memeval.core.results import (
     finalize_run,
     load_checked_run,
 )
-from pytest_memeval.core.rundir import JOURNAL, METRICS, read_json
+from pytest_memeval.core.rundir import JOURNAL, METRICS
 from pytest_memeval.core.runlayout import new_subset_dir, resume_target
-from pytest_memeval.core.runlock import LockHeld, RunLock
-from pytest_memeval.tools.episode_merge import MergeError, is_episode_run, merge_episode_shards
+from pytest_memeval.tools.episode_merge import is_episode_run, merge_episode_shards
+from pytest_memeval.tools.shard_checks import (
+    MergeError,
+    ShardNamed,
+    agree,
+    agree_fingerprints,
+    check_numbering,
+    load_all,
+    out_problems,
+    shard_scope_of,
+    write_locked,
+)
 
 __all__ = ["MergeError", "ShardRun", "cli_arguments", "cli_main", "load_shard", "merge_shards"]
 
@@ -59,7 +61,7 @@ def _resumed(metrics: Metrics) -> int:
 
 
 @dataclass
-class ShardRun:
+class ShardRun(ShardNamed):
     """One shard run directory, read and checked on its own."""
 
     path: Path
@@ -69,14 +71,6 @@ class ShardRun:
     indices: list[int]
     #: its checked records, in its predictions' order (what the merge writes)
     records: list[Record] = field(default_factory=list, repr=False)
-
-    @property
-    def name(self) -> str:
-        return f"shard {self.shard['spec']} ({self.path})"
-
-    @property
-    def k(self) -> int:
-        return self.shard["index"]
 
 
 def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
@@ -88,17 +82,8 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
         return None
     metrics = checked.metrics
     # Files, records and the recount (predictions_sha256 included) were checked above.
-    block = metrics["scope"].get("shard")
-    if not isinstance(block, dict):
-        problems.append(
-            f"{path}: not a shard run (its metrics have no scope.shard); merge takes the runs "
-            "of pytest --memeval-shard K/N"
-        )
-        return None
-    try:
-        shard = validate_shard_scope(block, str(path / METRICS))
-    except RecordError as exc:  # names the file and the field
-        problems.append(str(exc))
+    shard = shard_scope_of(path, metrics, problems)
+    if shard is None:
         return None
     run = ShardRun(
         path=path,
@@ -137,30 +122,10 @@ def load_shard(path: Path, problems: list[str]) -> ShardRun | None:
     return run
 
 
-def _agree(
-    runs: Sequence[ShardRun], what: str, value: Callable[[ShardRun], object], problems: list[str]
-) -> None:
-    """One problem line when ``value(run)`` differs between runs, naming each run's value."""
-    values = [value(r) for r in runs]
-    if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
-        detail = "; ".join(f"{r.name}: {v}" for r, v in zip(runs, values, strict=True))
-        problems.append(f"{what} differs between shards: {detail}")
-
-
 def _settings(metrics: Metrics) -> dict[str, object]:
     decoding = dict(metrics.get("decoding") or {})
     decoding.pop("path", None)  # fast and reference give the same predictions by contract
     return decoding
-
-
-def _fingerprint(key: str) -> Callable[[ShardRun], object]:
-    """A shard run's fingerprint ``key`` (None where it has none)."""
-
-    def value(run: ShardRun) -> object:
-        fingerprints = run.metrics.get("fingerprints")
-        return None if fingerprints is None else fingerprints.get(key)
-
-    return value
 
 
 def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
@@ -168,51 +133,27 @@ def check_shards(runs: Sequence[ShardRun], problems: list[str]) -> None:
     scenario exactly once."""
     if not runs:
         return
-    _agree(runs, "metrics schema_version", lambda r: r.metrics.get("schema_version"), problems)
+    agree(runs, "metrics schema_version", lambda r: r.metrics.get("schema_version"), problems)
     if any(r.metrics.get("schema_version") != METRICS_SCHEMA_VERSION for r in runs):
         problems.append(
             f"shards were written with another metrics schema than this version "
             f"({METRICS_SCHEMA_VERSION}) of pytest-memeval"
         )
-    _agree(runs, "number of shards N", lambda r: r.shard["count"], problems)
-    _agree(runs, "benchmark size", lambda r: r.shard["benchmark_total"], problems)
-    _agree(runs, "checkpoint profile", lambda r: r.metrics.get("ckpt"), problems)
-    _agree(runs, "profile kind", lambda r: r.metrics.get("kind"), problems)
+    agree(runs, "number of shards N", lambda r: r.shard["count"], problems)
+    agree(runs, "benchmark size", lambda r: r.shard["benchmark_total"], problems)
+    agree(runs, "checkpoint profile", lambda r: r.metrics.get("ckpt"), problems)
+    agree(runs, "profile kind", lambda r: r.metrics.get("kind"), problems)
     # Teacher-forced and free-running shards answer different questions: one merged run
     # would mix them (their decoding fingerprints differ too; this says why).
-    _agree(runs, "history", lambda r: describe_history(history_of(r.metrics)), problems)
-    keys = sorted({k for r in runs for k in (r.metrics.get("fingerprints") or {})})
-    for key in keys:
-        _agree(runs, f"{key} fingerprint", _fingerprint(key), problems)
-    _agree(runs, "decoding settings", lambda r: _settings(r.metrics), problems)
+    agree(runs, "history", lambda r: describe_history(history_of(r.metrics)), problems)
+    agree_fingerprints(runs, problems)
+    agree(runs, "decoding settings", lambda r: _settings(r.metrics), problems)
     # --memeval-model/--memeval-adapter/--memeval-set: the merged run says what it overrode.
-    _agree(runs, "overrides", lambda r: r.metrics.get("overrides") or {}, problems)
+    agree(runs, "overrides", lambda r: r.metrics.get("overrides") or {}, problems)
 
-    n = runs[0].shard["count"]
-    if any(r.shard["count"] != n for r in runs):
-        return  # numbering is meaningless across different N; already reported
-    given = Counter(r.k for r in runs)
-    for k, times in sorted(given.items()):
-        if times > 1:
-            where = ", ".join(str(r.path) for r in runs if r.k == k)
-            problems.append(f"shard {k}/{n} given {times} times: {where}")
-    absent = [f"{k}/{n}" for k in range(1, n + 1) if k not in given]
-    if absent:
-        problems.append(f"missing shard(s): {', '.join(absent)} (no run directory given for them)")
-
-    seen: dict[str, ShardRun] = {}
-    duplicated: list[str] = []
-    for r in sorted(runs, key=lambda r: r.k):
-        for sid in r.ids:
-            first = seen.setdefault(sid, r)
-            if first is not r:
-                duplicated.append(f"{sid} ({first.path} and {r.path})")
-    if duplicated:
-        problems.append(
-            f"{len(duplicated)} scenario(s) appear in more than one shard: {shown_ids(duplicated)}"
-        )
+    seen = check_numbering(runs, "scenario", problems)
     total = runs[0].shard["benchmark_total"]
-    if not absent and not duplicated and len(seen) != total:
+    if seen is not None and len(seen) != total:
         problems.append(f"the shards hold {len(seen)} scenario(s), the benchmark has {total}")
 
 
@@ -224,55 +165,27 @@ def merge_shards(paths: Sequence[Path], out: Path) -> Metrics:
     """
     problems: list[str] = []
     out = out.resolve()
-    runs = []
-    for path in paths:
-        run = load_shard(Path(path).resolve(), problems)
-        if run is not None:
-            runs.append(run)
-    if not paths:
-        problems.append("no shard run directory given")
+    runs = load_all(paths, load_shard, problems)
     check_shards(runs, problems)
     if problems:
         raise MergeError(problems + _out_problems(out, runs))
-
-    try:
-        # Locked before ``out`` is checked: a pytest run that writes it between the check
-        # and the merge would otherwise be replaced without being looked at.
-        lock = RunLock.acquire(out)
-    except LockHeld as exc:
-        raise MergeError([f"-o {out}: {exc}"]) from None
-    except OSError as exc:
-        raise MergeError([f"-o {out}: cannot lock it ({exc.strerror or exc})"]) from None
-    try:
-        problems = _out_problems(out, runs)
-        if not problems:
-            return _write_merged(runs, out)
-    finally:
-        lock.release()  # also removes ``out`` if the lock made it and it is empty
-    raise MergeError(problems)
+    return write_locked(out, lambda: _out_problems(out, runs), lambda: _write_merged(runs, out))
 
 
 def _out_problems(out: Path, runs: Sequence[ShardRun]) -> list[str]:
     """Why the merge must not be written to ``out``."""
-    if any(out == r.path for r in runs):
-        return [f"-o {out}: is one of the shard runs; choose another directory"]
-    problems = []
-    if (out / METRICS).is_file():
-        try:
-            previous = read_json(out / METRICS)
-        except (OSError, ValueError):
-            previous = None
-        if not (isinstance(previous, dict) and previous.get("merged_from")):
-            problems.append(
-                f"-o {out}: already holds a run that is not a merge; refusing to overwrite it"
-            )
+    return out_problems(out, runs, also=_unfinished_problems)
+
+
+def _unfinished_problems(out: Path) -> list[str]:
+    """``out`` holds the journal of an unfinished pytest run."""
     unfinished = resume_target(out)
     if unfinished is not None and (unfinished != out or not (out / METRICS).is_file()):
-        problems.append(
+        return [
             f"-o {out}: holds the journal of an unfinished run ({unfinished / JOURNAL}); "
             "refusing to mix a merge into it"
-        )
-    return problems
+        ]
+    return []
 
 
 def _write_merged(runs: list[ShardRun], out: Path) -> Metrics:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,25 +19,7 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
-from ..conftest import ADAPTERS, BASE_MODEL, INNER_ADDOPTS
-from ..envs import TWC_TABLE, require_textworld
-
-ENV = (
-    f'backend = "textworld_express", game = "twc", params = "{TWC_TABLE["params"]}", '
-    'fold = "test", seeds = "0-2", max_steps = 2'
-)
-
-
-def _profile(name: str, adapter: str) -> str:
-    return textwrap.dedent(
-        f"""
-        [tool.memeval.ckpt.{name}]
-        model = "{BASE_MODEL.as_posix()}"
-        adapter = "{(ADAPTERS / adapter).as_posix()}"
-        generation = {{ max_new_tokens = 6 }}
-        env = {{ {ENV} }}
-        """
-    )
+from ..envs import require_textworld, twc_profile, write_pyproject
 
 
 @dataclass(frozen=True)
@@ -62,9 +43,11 @@ def _pytest(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     require_textworld()
     root = tmp_path_factory.mktemp("episode_gate")
-    text = f'[tool.pytest.ini_options]\naddopts = "{INNER_ADDOPTS}"\n'
-    text += _profile("oracle", "oracle") + _profile("baseline", "baseline")
-    (root / "pyproject.toml").write_text(text, "utf-8")
+    write_pyproject(
+        root,
+        twc_profile("oracle", "0-2", adapter="oracle")
+        + twc_profile("baseline", "0-2", adapter="baseline"),
+    )
     a = _pytest(
         root, "--ckpt", "oracle", "--memeval-min-success", "1", "--memeval-summary-md", "a.md"
     )

@@ -20,31 +20,8 @@ import pytest
 from pytest_memeval.core.episode_records import read_episode_records, recount_episodes
 from pytest_memeval.env import make_env, parse_env_spec
 
-from ..conftest import ADAPTERS, BASE_MODEL, INNER_ADDOPTS, MemevalProject
-from ..envs import TWC_TABLE, require_textworld
-
-PARAMS = TWC_TABLE["params"]
-#: TOML's inline tables are one line
-ENV = f'backend = "textworld_express", game = "twc", params = "{PARAMS}", fold = "test"'
-
-
-def _profile(name: str, seeds: str, extra: str = "", adapter: str = "oracle") -> str:
-    return textwrap.dedent(
-        f"""
-        [tool.memeval.ckpt.{name}]
-        model = "{BASE_MODEL.as_posix()}"
-        adapter = "{(ADAPTERS / adapter).as_posix()}"
-        generation = {{ max_new_tokens = 6 }}
-        env = {{ {ENV}, seeds = "{seeds}", max_steps = 2{extra} }}
-        """
-    )
-
-
-def _write(project: MemevalProject, profiles: str, conftest: str = "") -> None:
-    text = f'[tool.pytest.ini_options]\naddopts = "{INNER_ADDOPTS}"\n' + profiles
-    (project.path / "pyproject.toml").write_text(text, "utf-8")
-    if conftest:
-        (project.path / "conftest.py").write_text(textwrap.dedent(conftest), "utf-8")
+from ..conftest import MemevalProject
+from ..envs import TWC_TABLE, require_textworld, twc_profile, write_pyproject
 
 
 @pytest.fixture
@@ -81,7 +58,9 @@ def test_each_seed_is_an_item_and_the_run_directory_holds_its_episode(
 ) -> None:
     require_textworld()
     extra = ", invalid_action_limit = 1"
-    _write(memeval_project, _profile("twc", "0-2", extra) + 'system = "Tidy up."\n')
+    write_pyproject(
+        memeval_project.path, twc_profile("twc", "0-2", extra=extra) + 'system = "Tidy up."\n'
+    )
     result = memeval_project.run("--ckpt", "twc", "-n", "0", "-v", "--junitxml=junit.xml")
     result.assert_outcomes(failed=3)
     junit = (memeval_project.path / "junit.xml").read_text("utf-8")
@@ -123,7 +102,9 @@ def test_each_seed_is_an_item_and_the_run_directory_holds_its_episode(
 
 def test_a_usage_error_names_what_the_env_lacks(memeval_project: MemevalProject) -> None:
     require_textworld()
-    _write(memeval_project, _profile("bad", "0").replace('game = "twc"', 'game = "nosuch"'))
+    write_pyproject(
+        memeval_project.path, twc_profile("bad", "0").replace('game = "twc"', 'game = "nosuch"')
+    )
     result = memeval_project.run("--ckpt", "bad", "-n", "0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*the profile's env cannot be made here*nosuch*"])
@@ -135,7 +116,7 @@ def test_one_checkpoint_gives_identical_trajectories_with_and_without_xdist(
     memeval_project: MemevalProject, marker: str
 ) -> None:
     require_textworld()
-    _write(memeval_project, _profile("a", "0-3") + _profile("b", "0-3"))
+    write_pyproject(memeval_project.path, twc_profile("a", "0-3") + twc_profile("b", "0-3"))
     memeval_project.run("--ckpt", "a", "-n", "0").assert_outcomes(failed=4)
     spread = memeval_project.run("--ckpt", "b", "-n", "2")
     spread.assert_outcomes(failed=4)
@@ -180,7 +161,7 @@ def test_an_environment_error_is_an_error_and_resume_reruns_only_it(
     flag = memeval_project.path / "fail-seed-1"
     flag.write_text("", "utf-8")
     conftest = f"FLAG = {str(flag)!r}\n" + textwrap.dedent(FAILING_ENV)
-    _write(memeval_project, _profile("twc", "0-2"), conftest)
+    write_pyproject(memeval_project.path, twc_profile("twc", "0-2"), conftest)
     first = memeval_project.run("--ckpt", "twc", "-n", "2")
     first.assert_outcomes(failed=2, errors=1)
     first.stdout.fnmatch_lines(

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import xml.etree.ElementTree as ET
 from typing import Any
 
@@ -19,27 +18,10 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
-from ..conftest import ADAPTERS, BASE_MODEL, INNER_ADDOPTS
-from ..envs import TWC_TABLE, require_textworld
+from ..envs import require_textworld, twc_profile, write_pyproject
 from ..pages import Page
 
 pytestmark = pytest.mark.slow  # one pytest run with a model and a JVM: about 20 CPU-s
-
-#: TOML's inline tables are one line
-ENV = (
-    f'backend = "textworld_express", game = "twc", params = "{TWC_TABLE["params"]}", fold = "test"'
-)
-PROFILE = f"""
-[tool.pytest.ini_options]
-addopts = "{INNER_ADDOPTS}"
-
-[tool.memeval.ckpt.twc]
-model = "{BASE_MODEL.as_posix()}"
-adapter = "{(ADAPTERS / "oracle").as_posix()}"
-generation = {{ max_new_tokens = 6 }}
-env = {{ {ENV}, seeds = "0-2", max_steps = 2 }}
-"""
-
 
 #: a team's own publisher: what it receives for an episode run
 TEAM_PUBLISHER = """
@@ -57,8 +39,7 @@ def pytest_memeval_run_finished(config, run):
 def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_textworld()
     root = tmp_path_factory.mktemp("episode-publish")
-    (root / "pyproject.toml").write_text(textwrap.dedent(PROFILE), "utf-8")
-    (root / "conftest.py").write_text(textwrap.dedent(TEAM_PUBLISHER), "utf-8")
+    write_pyproject(root, twc_profile("twc", "0-2"), conftest=TEAM_PUBLISHER)
     summary = root / "step-summary.md"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["GITHUB_STEP_SUMMARY"] = str(summary)

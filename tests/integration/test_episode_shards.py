@@ -10,7 +10,6 @@ run promoted to the top. One test: each pytester run costs tens of CPU-seconds.
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,25 +17,8 @@ import pytest
 from pytest_memeval.core.episode_records import recount_episodes
 from pytest_memeval.tools.cli import main
 
-from ..conftest import ADAPTERS, BASE_MODEL, INNER_ADDOPTS, MemevalProject
-from ..envs import TWC_TABLE, require_textworld
-
-ENV = (
-    f'backend = "textworld_express", game = "twc", params = "{TWC_TABLE["params"]}", '
-    'fold = "test", seeds = "0-3", max_steps = 2'
-)
-PROFILE = textwrap.dedent(
-    f"""
-    [tool.pytest.ini_options]
-    addopts = "{INNER_ADDOPTS}"
-
-    [tool.memeval.ckpt.twc]
-    model = "{BASE_MODEL.as_posix()}"
-    adapter = "{(ADAPTERS / "oracle").as_posix()}"
-    generation = {{ max_new_tokens = 6 }}
-    env = {{ {ENV} }}
-    """
-)
+from ..conftest import MemevalProject
+from ..envs import require_textworld, twc_profile, write_pyproject
 
 
 def _lines(path: Path) -> list[dict[str, object]]:
@@ -48,7 +30,7 @@ def test_two_shards_merged_are_the_unsharded_run_and_a_subset_leaves_the_top_alo
     memeval_project: MemevalProject, tmp_path: Path
 ) -> None:
     require_textworld()
-    (memeval_project.path / "pyproject.toml").write_text(PROFILE, "utf-8")
+    write_pyproject(memeval_project.path, twc_profile("twc", "0-3"))
     memeval_project.run("--ckpt", "twc", "-n", "0").assert_outcomes(failed=4)
     top = memeval_project.run_dir("twc")
     unsharded = _lines(top / "predictions.jsonl")

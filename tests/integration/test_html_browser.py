@@ -17,7 +17,7 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
-from ..episode_runs import write_episode_run
+from ..episodefactory import write_incomplete_episode_run
 from ..pages import INJECTED, Page, injected_runs
 from ..runfactory import make_record, seed_runs, write_run
 
@@ -150,7 +150,7 @@ def test_the_episode_page_fits_a_1400_pixel_window(tmp_path: Path) -> None:
     """An episode run's page (long slice tags, an action full of markup) stays inside the
     window, and the action's markup stays text in the browser too."""
     run = tmp_path / "runs" / "smol-twc"
-    write_episode_run(run)
+    write_incomplete_episode_run(run)
     page = tmp_path / "episodes.html"
     assert main(["report", str(run), "-o", str(page)]) == 0
     html = page.read_text("utf-8")

@@ -18,8 +18,9 @@ import pytest
 from pytest_memeval.core.episode_records import read_episode_records, recount_episodes
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS, read_json, write_json
 from pytest_memeval.runtime.episodes import finished_run
-from pytest_memeval.tools.episode_merge import MergeError, merge_episode_shards
+from pytest_memeval.tools.episode_merge import merge_episode_shards
 from pytest_memeval.tools.merge import cli_arguments, cli_main
+from pytest_memeval.tools.shard_checks import MergeError
 from pytest_memeval.tools.slurm import INCOMPLETE_EXIT, check_shard
 
 from ..episodefactory import (

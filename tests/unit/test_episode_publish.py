@@ -29,7 +29,7 @@ from pytest_memeval.tools.publish.tracking import (
 )
 from pytest_memeval.tools.report import load_episode_run, write_report
 
-from ..episode_runs import LONG_TAG, write_complete_episode_run, write_episode_run
+from ..episodefactory import LONG_TAG, write_complete_episode_run, write_incomplete_episode_run
 from ..pages import INJECTED, Page
 
 PROFILE = Profile(
@@ -43,7 +43,7 @@ PROFILE = Profile(
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
-    write_episode_run(tmp_path / "smol-twc")
+    write_incomplete_episode_run(tmp_path / "smol-twc")
     return tmp_path / "smol-twc"
 
 

@@ -63,6 +63,11 @@ class EpisodeRun:
     records: dict[str, EpisodeRecord]
 
     @property
+    def label(self) -> str:
+        """The run directory's name (``smol-twc``)."""
+        return self.path.name
+
+    @property
     def ckpt(self) -> str:
         """The profile's name (the checkpoint), else the directory's."""
         return str(self.metrics.get("profile") or self.path.name)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from pytest_memeval.tools.report.command import write_report
 from pytest_memeval.tools.report.episodes import (
-    EpisodeRun,
     episode_markdown,
-    is_episode_run,
     load_episode_run,
     render_episode_report,
 )
@@ -36,11 +34,9 @@ from pytest_memeval.tools.report.templating import environment, render, static_t
 __all__ = [
     "ROWS",
     "TEXT_LIMIT",
-    "EpisodeRun",
     "MarkdownRun",
     "environment",
     "episode_markdown",
-    "is_episode_run",
     "load_episode_run",
     "markdown_report",
     "md_code",

@@ -29,10 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_memeval.core.rundir import atomic_write
-from pytest_memeval.tools.compare import CompareError, load_run, slice_arguments
+from pytest_memeval.tools.compare import CompareError, is_episode_run, load_run, slice_arguments
 from pytest_memeval.tools.report.episodes import (
     episode_markdown,
-    is_episode_run,
     load_episode_run,
     render_episode_report,
 )

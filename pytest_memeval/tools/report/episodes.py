@@ -9,8 +9,9 @@ was valid, its reward and the score, and how the episode ended. The template is 
 characters. :func:`episode_markdown` is the same run's numbers in Markdown (the CI step
 summary's body for an episode run).
 
-The run is read as written and recounted (``core/episode_records.recount_episodes``): a run
-whose numbers disagree with its records is refused, as a scenario run is. An incomplete run
+The run is read and recounted by the loader of ``memeval compare`` (its ``read_episode_run``
+and ``recount_episode_run``): a run whose numbers disagree with its records is refused, as a
+scenario run is. An incomplete run
 (environment errors, episodes not run) is shown, and says so.
 """
 
@@ -20,48 +21,30 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pytest_memeval.core.episode_records import (
-    EpisodeRecord,
-    EpisodeRecordError,
-    EpisodeRunMetrics,
-    read_episode_records,
-    recount_episodes,
-)
+from pytest_memeval.core.episode_records import EpisodeRecord, EpisodeRunMetrics
 from pytest_memeval.core.episodes import EpisodeMetrics
 from pytest_memeval.core.formatting import percent
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS
-from pytest_memeval.tools.compare import CompareError, fmt_ci, fmt_rate
+from pytest_memeval.tools.compare import (
+    CompareError,
+    EpisodeRun,
+    fmt_ci,
+    fmt_rate,
+    read_episode_run,
+    recount_episode_run,
+)
 from pytest_memeval.tools.gate import GateOutcome
 from pytest_memeval.tools.report.markdown import gate_lines, md_code, md_text
 from pytest_memeval.tools.report.pages import generated_at, page_csp
 from pytest_memeval.tools.report.templating import render
 
 __all__ = [
-    "EPISODES_KIND",
-    "EpisodeRun",
     "NumberRow",
     "episode_markdown",
-    "is_episode_run",
     "load_episode_run",
     "number_rows",
     "render_episode_report",
 ]
-
-#: ``metrics.json``'s ``kind`` for a closed-loop run
-EPISODES_KIND = "episodes"
-
-
-class EpisodeRun(NamedTuple):
-    """An episode run as read back: its directory, ``metrics.json`` and records."""
-
-    path: Path
-    metrics: EpisodeRunMetrics
-    records: list[EpisodeRecord]
-
-    @property
-    def label(self) -> str:
-        """The run directory's name (``smol-twc``)."""
-        return self.path.name
 
 
 class NumberRow(NamedTuple):
@@ -72,42 +55,19 @@ class NumberRow(NamedTuple):
     detail: str
 
 
-def _metrics_kind(path: Path) -> object:
-    try:
-        data = json.loads((path / METRICS).read_text("utf-8"))
-    except (OSError, ValueError):
-        return None  # the scenario loader says what is wrong with the file
-    return data.get("kind") if isinstance(data, dict) else None
-
-
-def is_episode_run(path: Path) -> bool:
-    """Whether ``path`` is a run directory whose ``metrics.json`` is of an episode run."""
-    return _metrics_kind(path) == EPISODES_KIND
-
-
 def load_episode_run(path: Path) -> EpisodeRun:
-    """Read and recount the episode run at ``path``; raise :class:`CompareError` naming the
-    file (and line, field) of what is wrong."""
-    metrics_path, predictions = path / METRICS, path / PREDICTIONS
-    for needed in (metrics_path, predictions):
-        if not needed.is_file():
-            raise CompareError(f"{needed}: no such file (not a run directory?)")
-    if not is_episode_run(path):
-        raise CompareError(f"{metrics_path}: not the metrics of an episode run")
-    try:
-        metrics = json.loads(metrics_path.read_text("utf-8"))
-        records = read_episode_records(predictions)
-        differences = recount_episodes(predictions, metrics)
-    except EpisodeRecordError as exc:
-        raise CompareError(str(exc)) from None  # it names the file, line and field
-    except (OSError, ValueError) as exc:
-        raise CompareError(f"{metrics_path}: {exc}") from None
+    """Read and recount the episode run at ``path``, complete or not (an incomplete run is
+    shown, and says so); raise :class:`CompareError` naming the file (and line, field) of
+    what is wrong. It is read as ``memeval compare`` reads it
+    (:func:`~pytest_memeval.tools.compare.read_episode_run`)."""
+    run = read_episode_run(path)
+    differences = recount_episode_run(run)
     if differences:
         raise CompareError(
-            f"{metrics_path}: the numbers differ from the recount of {predictions} "
+            f"{path / METRICS}: the numbers differ from the recount of {path / PREDICTIONS} "
             f"({', '.join(differences)})"
         )
-    return EpisodeRun(path, metrics, records)  # its kind checked above
+    return run
 
 
 def _num(value: float | None) -> str:
@@ -242,7 +202,7 @@ def render_episode_report(run: EpisodeRun) -> str:
         slice_columns=SLICE_COLUMNS,
         episodes_n=metrics["episodes"]["episodes"],
         slices=[_slice_row(tag, block) for tag, block in metrics["slices"].items()],
-        episodes=[_episode_view(r) for r in run.records],
+        episodes=[_episode_view(r) for r in run.records.values()],
         wall_s=metrics["wall_s"],
     )
 
