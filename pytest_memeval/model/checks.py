@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from pytest_memeval.core.formatting import shown_list
+from pytest_memeval.core.profiles import Profile
 
 __all__ = [
     "CheckpointError",
@@ -36,6 +37,7 @@ __all__ = [
     "check_adapter_dir",
     "check_adapter_fits",
     "check_model_dir",
+    "check_profile_checkpoint",
     "check_tokenizer_dir",
     "fingerprint_dir",
     "safetensors_shapes",
@@ -287,3 +289,15 @@ def check_adapter_fits(model_dir: Path, adapter_dir: Path) -> None:
         f"{adapter_dir}: adapter does not fit the base model {model_dir}{hint}: "
         + shown_list(problems, _SHOWN, sep="; ")
     )
+
+
+def check_profile_checkpoint(profile: Profile) -> None:
+    """Every check of a model profile's checkpoint before anything loads it: the model
+    directory, the tokenizer directory if one is named, the adapter directory and whether
+    the adapter fits the model (each raises :class:`CheckpointError`)."""
+    check_model_dir(profile.model_dir)
+    if profile.tokenizer is not None:
+        check_tokenizer_dir(profile.tokenizer)
+    if profile.adapter is not None:
+        check_adapter_dir(profile.adapter)
+        check_adapter_fits(profile.model_dir, profile.adapter)

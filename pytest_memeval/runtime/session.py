@@ -41,10 +41,7 @@ from pytest_memeval.decode.replay import (
     source_fingerprints,
 )
 from pytest_memeval.model.checks import (
-    check_adapter_dir,
-    check_adapter_fits,
-    check_model_dir,
-    check_tokenizer_dir,
+    check_profile_checkpoint,
     fingerprint_dir,
 )
 from pytest_memeval.model.gguf import GgufConversion, prepare_profile
@@ -287,12 +284,7 @@ def _checkpoint(config: pytest.Config, name: str, wi: MemevalWorkerInput | None)
         # A GGUF model is converted here, once, before any worker starts: the workers
         # get the converted directory in the profile they are handed.
         profile, conversion = prepare_profile(profile, cache_dir(config), _say)
-        check_model_dir(profile.model_dir)
-        if profile.tokenizer is not None:
-            check_tokenizer_dir(profile.tokenizer)
-        if profile.adapter is not None:
-            check_adapter_dir(profile.adapter)
-            check_adapter_fits(profile.model_dir, profile.adapter)
+        check_profile_checkpoint(profile)
     elif profile.predictions is not None and not profile.predictions.is_file():
         raise ProfileError(
             f"{profile.source}: [tool.memeval.ckpt.{name}]: predictions file not found: "

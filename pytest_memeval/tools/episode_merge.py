@@ -37,6 +37,7 @@ from pytest_memeval.core.records import ShardScope
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS, read_json
 from pytest_memeval.core.runlayout import resume_target
 from pytest_memeval.core.sharding import shard_slice
+from pytest_memeval.tools.compare import EPISODES_KIND
 from pytest_memeval.tools.shard_checks import (
     MergeError,
     ShardNamed,
@@ -53,22 +54,9 @@ __all__ = [
     "EpisodeShard",
     "MergeError",
     "check_episode_shards",
-    "is_episode_run",
     "load_episode_shard",
     "merge_episode_shards",
 ]
-
-#: the ``kind`` of an episode run's ``metrics.json``
-EPISODES_KIND = "episodes"
-
-
-def is_episode_run(path: Path) -> bool:
-    """Whether ``path`` holds a closed-loop run (its ``metrics.json`` says kind episodes)."""
-    try:
-        metrics = read_json(Path(path) / METRICS)
-    except (OSError, ValueError):
-        return False
-    return isinstance(metrics, dict) and metrics.get("kind") == EPISODES_KIND
 
 
 def all_ids(env: dict[str, Any]) -> list[str] | None:

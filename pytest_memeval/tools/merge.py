@@ -38,7 +38,8 @@ from pytest_memeval.core.results import (
 )
 from pytest_memeval.core.rundir import JOURNAL, METRICS
 from pytest_memeval.core.runlayout import new_subset_dir, resume_target
-from pytest_memeval.tools.episode_merge import is_episode_run, merge_episode_shards
+from pytest_memeval.tools.compare import is_episode_run
+from pytest_memeval.tools.episode_merge import merge_episode_shards
 from pytest_memeval.tools.shard_checks import (
     MergeError,
     ShardNamed,

@@ -30,10 +30,7 @@ from pytest_memeval.core.sharding import ShardError, select_shard, shard_dir_nam
 from pytest_memeval.env import EnvSetupError, EnvSpec, TextEnv, describe_env, make_env
 from pytest_memeval.model.checks import (
     CheckpointError,
-    check_adapter_dir,
-    check_adapter_fits,
-    check_model_dir,
-    check_tokenizer_dir,
+    check_profile_checkpoint,
     fingerprint_dir,
 )
 from pytest_memeval.model.gguf import prepare_profile
@@ -113,15 +110,6 @@ def env_maker(config: pytest.Config) -> Any:
     return make
 
 
-def _check_checkpoint(profile: Profile) -> None:
-    check_model_dir(profile.model_dir)
-    if profile.tokenizer is not None:
-        check_tokenizer_dir(profile.tokenizer)
-    if profile.adapter is not None:
-        check_adapter_dir(profile.adapter)
-        check_adapter_fits(profile.model_dir, profile.adapter)
-
-
 def _describe_setup(config: pytest.Config, spec: EnvSpec) -> dict[str, Any]:
     """Make the environment once and close it: a missing Java, extra or game is one usage
     error now, and the description (backend version, fold) is the fingerprint's."""
@@ -184,7 +172,7 @@ def build_episode_state(config: pytest.Config, name: str) -> EpisodeState | None
     shard = _select_shard(config, spec)
     try:
         profile, conversion = prepare_profile(profile, cache_dir(config), _say)
-        _check_checkpoint(profile)
+        check_profile_checkpoint(profile)
     except (ProfileError, CheckpointError) as exc:
         raise pytest.UsageError(str(exc)) from None
     env = _describe_setup(config, spec)

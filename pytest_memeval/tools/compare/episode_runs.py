@@ -27,6 +27,7 @@ from pytest_memeval.core.episode_records import (
 )
 from pytest_memeval.core.formatting import shown_ids, shown_list
 from pytest_memeval.core.rundir import METRICS, PREDICTIONS
+from pytest_memeval.tools.compare.load import refuse_different_ids
 from pytest_memeval.tools.compare.types import CompareError
 
 __all__ = [
@@ -205,16 +206,7 @@ def check_same_env(env_a: Mapping[str, Any], env_b: Mapping[str, Any], a: str, b
 
 def check_same_episodes(ids_a: Sequence[str], ids_b: Sequence[str], a: str, b: str) -> None:
     """Refuse two runs whose episodes (seeds) differ, naming those only in one."""
-    if set(ids_a) == set(ids_b):
-        return
-    only_a = [i for i in ids_a if i not in set(ids_b)]
-    only_b = [i for i in ids_b if i not in set(ids_a)]
-    parts = []
-    if only_a:
-        parts.append(f"{len(only_a)} only in {a}: {shown_ids(only_a)}")
-    if only_b:
-        parts.append(f"{len(only_b)} only in {b}: {shown_ids(only_b)}")
-    raise CompareError("the runs cover different episodes (seeds): " + "; ".join(parts))
+    refuse_different_ids(ids_a, ids_b, a, b, "episodes (seeds)")
 
 
 def env_notes(env_a: Mapping[str, Any], env_b: Mapping[str, Any]) -> list[str]:

@@ -77,16 +77,26 @@ def _why_incomplete(metrics: Metrics) -> str:
 
 def check_same_ids(run_a: RunData, run_b: RunData) -> None:
     """Refuse two runs that cover different scenario ids, naming those only in one."""
-    ids_a, ids_b = list(run_a.records), list(run_b.records)
-    if set(ids_a) != set(ids_b):
-        only_a = [i for i in ids_a if i not in run_b.records]
-        only_b = [i for i in ids_b if i not in run_a.records]
-        parts = []
-        if only_a:
-            parts.append(f"{len(only_a)} only in {run_a.path}: {shown_ids(only_a)}")
-        if only_b:
-            parts.append(f"{len(only_b)} only in {run_b.path}: {shown_ids(only_b)}")
-        raise CompareError("the runs cover different scenarios: " + "; ".join(parts))
+    refuse_different_ids(
+        list(run_a.records), list(run_b.records), str(run_a.path), str(run_b.path), "scenarios"
+    )
+
+
+def refuse_different_ids(
+    ids_a: Sequence[str], ids_b: Sequence[str], a: str, b: str, what: str
+) -> None:
+    """Raise :class:`CompareError` when two runs cover different ids (``what``: scenarios,
+    episodes), naming those only in run ``a`` and those only in run ``b``."""
+    if set(ids_a) == set(ids_b):
+        return
+    only_a = [i for i in ids_a if i not in set(ids_b)]
+    only_b = [i for i in ids_b if i not in set(ids_a)]
+    parts = []
+    if only_a:
+        parts.append(f"{len(only_a)} only in {a}: {shown_ids(only_a)}")
+    if only_b:
+        parts.append(f"{len(only_b)} only in {b}: {shown_ids(only_b)}")
+    raise CompareError(f"the runs cover different {what}: " + "; ".join(parts))
 
 
 def check_one_question(run_a: RunData, run_b: RunData) -> None:

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY
 from pytest_memeval.core.runlayout import SUBSETS, resume_target, top_level_run
-from pytest_memeval.tools.episode_merge import EpisodeShard, is_episode_run, load_episode_shard
+from pytest_memeval.tools.compare import is_episode_run
+from pytest_memeval.tools.episode_merge import EpisodeShard, load_episode_shard
 from pytest_memeval.tools.merge import ShardRun, load_shard
 from pytest_memeval.tools.slurm.jobs import JobInfo, task_info
 from pytest_memeval.tools.slurm.plan import Plan
