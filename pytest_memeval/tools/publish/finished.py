@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import pytest
 
@@ -130,18 +130,7 @@ class _Publisher:
             return None
         if controller.metrics is None or controller.written is None:
             return None  # nothing written: no run to publish
-        gate = self.config.pluginmanager.get_plugin("memeval-gate")
-        outcome: GateOutcome | None = None
-        exitstatus = int(session.exitstatus)
-        if isinstance(gate, MemevalGate):
-            # Computed once: the gate's own wrapper sets this same status after us.
-            exitstatus = gate.decide(session)
-            outcome = gate.outcome
-        baseline = (
-            gate.settings.baseline.path
-            if isinstance(gate, MemevalGate) and gate.settings.baseline is not None
-            else None
-        )
+        verdict = _gate_verdict(self.config, session)
         html = self.config.getoption("htmlpath", None)
         return FinishedRun(
             ckpt=state.profile.name,
@@ -149,9 +138,9 @@ class _Publisher:
             run_root=state.run_dir,
             metrics=controller.metrics,
             profile=state.profile,
-            exitstatus=exitstatus,
-            gate=outcome,
-            baseline=baseline,
+            exitstatus=verdict.exitstatus,
+            gate=verdict.outcome,
+            baseline=verdict.baseline,
             html_report=_invocation_path(self.config, html) if html else None,
         )
 
@@ -166,16 +155,7 @@ class _Publisher:
             return None
         state = controller.state
         html = self.config.getoption("htmlpath", None)
-        gate = self.config.pluginmanager.get_plugin("memeval-gate")
-        exitstatus = int(session.exitstatus)
-        outcome: GateOutcome | None = None
-        baseline: Path | None = None
-        if isinstance(gate, EpisodeGate):
-            # Computed once: the gate's own wrapper sets this same status after us.
-            exitstatus = gate.decide(session)
-            outcome = gate.outcome
-            if gate.settings.baseline is not None:
-                baseline = gate.settings.baseline.path
+        verdict = _gate_verdict(self.config, session)
         return FinishedRun(
             ckpt=state.profile.name,
             run_dir=controller.written,
@@ -183,9 +163,9 @@ class _Publisher:
             # The same document, for implementations that read only what both kinds share.
             metrics=cast(Metrics, controller.metrics),
             profile=state.profile,
-            exitstatus=exitstatus,
-            gate=outcome,
-            baseline=baseline,
+            exitstatus=verdict.exitstatus,
+            gate=verdict.outcome,
+            baseline=verdict.baseline,
             html_report=_invocation_path(self.config, html) if html else None,
             episodes=controller.metrics,
         )
@@ -195,6 +175,25 @@ class _Publisher:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for output in self.config.stash.get(OUTPUTS_KEY, []):
             terminalreporter.write_sep("-", output.text, red=output.problem, bold=output.problem)
+
+
+class _GateVerdict(NamedTuple):
+    """What the session's gate (a scenario or a closed-loop one) decided, if there is one."""
+
+    exitstatus: int
+    outcome: GateOutcome | None
+    baseline: Path | None
+
+
+def _gate_verdict(config: pytest.Config, session: pytest.Session) -> _GateVerdict:
+    gate = config.pluginmanager.get_plugin("memeval-gate")
+    if not isinstance(gate, (MemevalGate, EpisodeGate)):
+        return _GateVerdict(int(session.exitstatus), None, None)
+    baseline = gate.settings.baseline
+    # Computed once: the gate's own wrapper sets this same status after us.
+    return _GateVerdict(
+        gate.decide(session), gate.outcome, baseline.path if baseline is not None else None
+    )
 
 
 def _invocation_path(config: pytest.Config, value: str) -> Path:
