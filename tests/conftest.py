@@ -211,6 +211,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_WORKER_MARK] = {
             name: os.environ.pop(name) for name in XDIST_WORKER_ENVIRONMENT if name in os.environ
         }
+        # Each worker of this suite shares the cores with the others: torch in this process
+        # and in every process its tests start (a serial pytester run, a bench, a `memeval`
+        # command) takes one thread unless a test says otherwise. With torch's default of one
+        # thread per core, those threads only spin-wait beside the other worker's (a serial
+        # demo-model run measured about a fifth more CPU for the same predictions). Inner
+        # `-n N` runs divide the cores themselves; a test of that division unsets this.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
         return
     if not getattr(config.option, "numprocesses", None) or config.option.dist != "load":
         return
