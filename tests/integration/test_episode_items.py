@@ -4,7 +4,8 @@
 per seed; the run directory holds each episode's record and the run's numbers, recounted;
 an environment's failure is an error of the item and of the run, which ``--memeval-resume``
 completes; no JVM outlives the run (checked through an environment marker every process of
-the run inherits, the JVMs included).
+the run inherits, the JVMs included). That a ``-n 2`` run gives the serial run's trajectories
+is checked in test_episode_shards.py, against the serial run made there for the shards.
 """
 
 from __future__ import annotations
@@ -109,20 +110,6 @@ def test_a_usage_error_names_what_the_env_lacks(memeval_project: MemevalProject)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*the profile's env cannot be made here*nosuch*"])
     assert not memeval_project.run_dir("bad").exists()
-
-
-@pytest.mark.slow
-def test_one_checkpoint_gives_identical_trajectories_with_and_without_xdist(
-    memeval_project: MemevalProject, marker: str
-) -> None:
-    require_textworld()
-    write_pyproject(memeval_project.path, twc_profile("a", "0-3") + twc_profile("b", "0-3"))
-    memeval_project.run("--ckpt", "a", "-n", "0").assert_outcomes(failed=4)
-    spread = memeval_project.run("--ckpt", "b", "-n", "2")
-    spread.assert_outcomes(failed=4)
-    assert _trajectories(memeval_project, "a") == _trajectories(memeval_project, "b")
-    assert memeval_project.metrics("a")["episodes"] == memeval_project.metrics("b")["episodes"]
-    _no_jvm_left(marker)
 
 
 FAILING_ENV = """

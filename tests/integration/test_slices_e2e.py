@@ -1,10 +1,17 @@
 """Tagged scenarios end to end: a pytest run writes the tags into the records and the slices
 into metrics.json, shows them when asked (option or ini) and in pytest-html's summary, gates
-per slice, and refuses malformed tags and unknown slices before anything runs."""
+per slice, and refuses malformed tags and unknown slices before anything runs.
+
+The crafted replay's plain run (``--ckpt crafted``, and ``--html`` where pytest-html is
+installed) is made once for the module: it is the run without the option whose summary stays
+as it was, the serial run a ``-n 2`` run must equal, and the run whose HTML page shows the
+slices (a replay process costs seconds; three tests shared one such run's arguments)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +19,19 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
-from ..conftest import MemevalProject, demo_records
-from ..runfactory import content, make_record, write_crafted, write_run
+from ..conftest import MemevalProject, demo_records, write_jsonl, write_project
+from ..moduleruns import run_pytest
+from ..runfactory import (
+    CRAFTED_PROFILE,
+    content,
+    make_record,
+    read_jsonl,
+    replay_source,
+    write_crafted,
+    write_run,
+)
 
-# Slow: every test decodes the demo model on both paths, several dtypes.
+# Slow: pytest runs in subprocesses (one under xdist).
 pytestmark = pytest.mark.slow
 
 
@@ -28,11 +44,48 @@ def _tagged_records() -> list[dict[str, Any]]:
     return recs
 
 
+#: the crafted replay's wrong answers: scenario 1 (door) its final answer, 4 (where) a turn
+WRONG = {"wrong_final": [1], "wrong_turn": [4]}
+
+
+def _replayed(recs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    return {key: [recs[i]["id"] for i in at] for key, at in WRONG.items()}
+
+
+@dataclass(frozen=True)
+class PlainRun:
+    """The module's ``--ckpt crafted`` run: its output, records, metrics and HTML page."""
+
+    result: pytest.RunResult
+    predictions: list[dict[str, Any]]
+    metrics: dict[str, Any]
+    page: str | None
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> PlainRun:
+    """The crafted replay (as :func:`tagged` writes it) run with no slices option or ini."""
+    root = tmp_path_factory.mktemp("slices-plain")
+    recs = _tagged_records()
+    write_project(root, recs, profiles=CRAFTED_PROFILE)
+    write_jsonl(root / "crafted.jsonl", replay_source(recs, **_replayed(recs)))
+    html = importlib.util.find_spec("pytest_html") is not None
+    extra = ["--html=report.html", "--self-contained-html"] if html else []
+    result = run_pytest(root, "--ckpt", "crafted", *extra)
+    run = root / "runs" / "crafted"
+    return PlainRun(
+        result,
+        read_jsonl(run / "predictions.jsonl"),
+        json.loads((run / "metrics.json").read_text("utf-8")),
+        (root / "report.html").read_text("utf-8") if html else None,
+    )
+
+
 @pytest.fixture
 def tagged(memeval_project: MemevalProject) -> tuple[MemevalProject, list[dict[str, Any]]]:
     """The crafted replay: scenario 1 (door) has a wrong final answer, 4 (where) a wrong turn."""
     recs = _tagged_records()
-    write_crafted(memeval_project, recs, wrong_final=[recs[1]["id"]], wrong_turn=[recs[4]["id"]])
+    write_crafted(memeval_project, recs, **_replayed(recs))
     return memeval_project, recs
 
 
@@ -51,7 +104,9 @@ def _check_run(project: MemevalProject, recs: list[dict[str, Any]]) -> None:
 
 
 def test_slices_in_records_metrics_and_the_summary(
-    tagged: tuple[MemevalProject, list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+    tagged: tuple[MemevalProject, list[dict[str, Any]]],
+    plain: PlainRun,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     project, recs = tagged
     result = project.run("--ckpt", "crafted", "--memeval-slices")
@@ -69,18 +124,17 @@ def test_slices_in_records_metrics_and_the_summary(
     assert main(["recount", str(project.run_dir("crafted"))]) == 0
     assert "memeval recount: OK" in capsys.readouterr().out
     # Without the option (or the ini) the summary stays as it was.
-    quiet = project.run("--ckpt", "crafted")
-    assert "slices (" not in quiet.stdout.str()
+    assert "slices (" not in plain.result.stdout.str()
 
 
 @pytest.mark.slow
 def test_slices_under_xdist_and_from_the_ini(
-    tagged: tuple[MemevalProject, list[dict[str, Any]]],
+    tagged: tuple[MemevalProject, list[dict[str, Any]]], plain: PlainRun
 ) -> None:
     project, recs = tagged
-    serial = project.run("--ckpt", "crafted")
+    serial = plain.result  # a serial run of the same project (laid out once for the module)
     assert serial.ret == pytest.ExitCode.TESTS_FAILED
-    serial_records, serial_metrics = project.predictions("crafted"), project.metrics("crafted")
+    serial_records, serial_metrics = plain.predictions, plain.metrics
     toml = project.path / "pyproject.toml"
     toml.write_text(
         toml.read_text("utf-8").replace(
@@ -96,13 +150,10 @@ def test_slices_under_xdist_and_from_the_ini(
     assert project.metrics("crafted")["slices"] == serial_metrics["slices"]
 
 
-def test_pytest_html_summary_shows_the_slices(
-    tagged: tuple[MemevalProject, list[dict[str, Any]]],
-) -> None:
+def test_pytest_html_summary_shows_the_slices(plain: PlainRun) -> None:
     pytest.importorskip("pytest_html")
-    project, _ = tagged
-    project.run("--ckpt", "crafted", "--html=report.html", "--self-contained-html")
-    page = (project.path / "report.html").read_text("utf-8")
+    page = plain.page
+    assert page is not None
     assert "by slice (tag)" in page
     for text in ("query:door", "2/3 = 66.67%", "query:where", "hard"):
         assert text in page

@@ -1,0 +1,45 @@
+"""pytest runs made once per test module and read by several tests.
+
+``pytester`` is function-scoped: a run made through it belongs to one test. A module-scoped
+fixture lays its project out under ``tmp_path_factory.mktemp(...)`` and runs pytest there with
+:func:`run_pytest`, a subprocess in the environment pytester gives its own (no outer
+``PYTEST_ADDOPTS``, no colours, the project as ``HOME``), and gets pytester's
+:class:`pytest.RunResult` back (``assert_outcomes``, ``stdout.fnmatch_lines``...).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+
+def run_pytest(
+    root: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> pytest.RunResult:
+    """``python -m pytest ARGS`` in ``root`` (``env``: variables set on top)."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    environ.update(PY_COLORS="0", HOME=str(root), **(env or {}))
+    basetemp = root / "runpytest" / uuid.uuid4().hex[:8]
+    basetemp.parent.mkdir(exist_ok=True)  # pytest makes the base temp itself, not its parent
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", f"--basetemp={basetemp}", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environ,
+        check=False,
+    )
+    return pytest.RunResult(
+        proc.returncode,
+        proc.stdout.splitlines(),
+        proc.stderr.splitlines(),
+        time.monotonic() - start,
+    )
