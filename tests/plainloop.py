@@ -12,17 +12,40 @@ from typing import Any
 
 Outputs = list[tuple[str, bool]]
 
+#: New tokens of a greedy ``generate`` by ``(prompt ids, max_new_tokens)``, for one model:
+#: a loop given one skips the calls whose exact prompt an earlier loop on that model already
+#: ran (greedy decoding is a pure function of the prompt ids, so nothing else can differ).
+Memo = dict[tuple[tuple[int, ...], int], list[int]]
+
 #: Record fields that say where and how fast a scenario ran, not what was predicted.
 RUNTIME_FIELDS = ("worker", "device", "decode_s", "decode_batch", "decode_batch_size")
 
 
-def plain_loop(
-    model: Any, tok: Any, messages: Sequence[Mapping[str, str]], max_new_tokens: int
-) -> Outputs:
-    """``(text, stopped)`` of one greedy ``generate`` per assistant message, each from its
-    teacher-forced history."""
+def _generated(model: Any, enc: Any, max_new_tokens: int, memo: Memo | None) -> list[int]:
+    """The new tokens of one greedy ``model.generate`` on ``enc`` (from ``memo`` if it has
+    them for this prompt)."""
     import torch
 
+    key = (tuple(enc["input_ids"][0].tolist()), max_new_tokens)
+    if memo is not None and key in memo:
+        return memo[key]
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+    new: list[int] = out[0, enc["input_ids"].shape[1] :].tolist()
+    if memo is not None:
+        memo[key] = new
+    return new
+
+
+def plain_loop(
+    model: Any,
+    tok: Any,
+    messages: Sequence[Mapping[str, str]],
+    max_new_tokens: int,
+    memo: Memo | None = None,
+) -> Outputs:
+    """``(text, stopped)`` of one greedy ``generate`` per assistant message, each from its
+    teacher-forced history (``memo``: see :data:`Memo`)."""
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos) if isinstance(eos, list) else {eos}
     outputs = []
@@ -35,9 +58,7 @@ def plain_loop(
             return_dict=True,
             return_tensors="pt",
         )
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
-        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        new = _generated(model, enc, max_new_tokens, memo)
         stopped = bool(new) and new[-1] in eos_ids
         outputs.append(
             (tok.decode(new[:-1] if stopped else new, skip_special_tokens=True), stopped)
@@ -46,13 +67,17 @@ def plain_loop(
 
 
 def plain_free_running(
-    model: Any, tok: Any, messages: Sequence[Mapping[str, str]], max_new_tokens: int
+    model: Any,
+    tok: Any,
+    messages: Sequence[Mapping[str, str]],
+    max_new_tokens: int,
+    memo: Memo | None = None,
 ) -> Outputs:
     """:func:`plain_loop` free-running (``--memeval-history model``): each assistant
     message's prompt holds the loop's own earlier answers, each fed back with surrounding
-    whitespace stripped (what a chat client sends back), and the answers are given so."""
-    import torch
-
+    whitespace stripped (what a chat client sends back), and the answers are given so
+    (``memo``: see :data:`Memo`; up to the loop's first departure from the truth its prompts
+    are the teacher-forced loop's)."""
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos) if isinstance(eos, list) else {eos}
     history = [dict(m) for m in messages]
@@ -63,9 +88,7 @@ def plain_free_running(
         enc = tok.apply_chat_template(
             history[:k], add_generation_prompt=True, return_dict=True, return_tensors="pt"
         )
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
-        new = out[0, enc["input_ids"].shape[1] :].tolist()
+        new = _generated(model, enc, max_new_tokens, memo)
         stopped = bool(new) and new[-1] in eos_ids
         text = tok.decode(new[:-1] if stopped else new, skip_special_tokens=True).strip()
         outputs.append((text, stopped))

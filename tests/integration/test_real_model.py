@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,14 @@ from pytest_memeval.decode import make_model_decoder
 from pytest_memeval.decode.fast import FastDecoder
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.gguf import GgufConversion, convert_gguf
-from pytest_memeval.model.loading import load_model
+from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.tools.cli import main
 from pytest_memeval.tools.fetch import MODELS
 
 from ..conftest import EVAL_MODULE, INNER_ADDOPTS, MemevalProject
 from ..families import build_adapter
 from ..plainloop import (
+    Memo,
     Outputs,
     plain_free_running,
     plain_loop,
@@ -62,9 +63,24 @@ def scenarios() -> list[Scenario]:
     return list(load_jsonl(BENCHMARK).scenarios)
 
 
+@dataclass(frozen=True)
+class TeacherForced:
+    """The fast decoder's teacher-forced decode of the benchmark in one setting: the decoder
+    (its calibration, exact mode and counters) and its rollouts, in benchmark order."""
+
+    fast: FastDecoder
+    rollouts: list[Any]
+
+
 @dataclass
 class Smol:
-    """The real model three ways: the GGUF file, its conversion, transformers' own load."""
+    """The real model three ways: the GGUF file, its conversion, transformers' own load.
+
+    What is costly is made once per module and setting (``(dtype, with_adapter)``) and read
+    by every test that needs it: each model load, the plain loop's outputs (its ``generate``
+    calls memoised by prompt, so the free-running loop re-runs none of the teacher-forced
+    prompts it shares), and the fast decoder's teacher-forced decode, whose calibration the
+    free-running fast decoder takes as a run takes a stored one."""
 
     gguf: Path
     conversion: GgufConversion
@@ -72,6 +88,9 @@ class Smol:
     gguf_tokenizer: Any
     _models: dict[str, Any]
     _expected: dict[tuple[str, bool], dict[str, Outputs]]
+    _loaded: dict[tuple[str, bool], LoadedModel] = field(default_factory=dict)
+    _memos: dict[tuple[str, bool], Memo] = field(default_factory=dict)
+    _teacher_forced: dict[tuple[str, bool], TeacherForced] = field(default_factory=dict)
 
     def gguf_model(self, dtype: str) -> Any:
         """The model as a user loads it from the file by hand (once per dtype): a bfloat16
@@ -102,16 +121,38 @@ class Smol:
             self._models[key] = PeftModel.from_pretrained(base, str(self.adapter)).eval()
         return self._models[key]
 
+    def memo(self, dtype: str, with_adapter: bool) -> Memo:
+        """The plain loops' ``generate`` outputs by prompt, for :meth:`plain_model`."""
+        return self._memos.setdefault((dtype, with_adapter), {})
+
     def expected(self, dtype: str, with_adapter: bool) -> dict[str, Outputs]:
         """The plain loop's outputs by scenario id (computed once per setting)."""
         key = (dtype, with_adapter)
         if key not in self._expected:
             model = self.plain_model(dtype, with_adapter)
+            memo = self.memo(dtype, with_adapter)
             self._expected[key] = {
-                s.id: plain_loop(model, self.gguf_tokenizer, s.messages, MAX_NEW)
+                s.id: plain_loop(model, self.gguf_tokenizer, s.messages, MAX_NEW, memo)
                 for s in scenarios()
             }
         return self._expected[key]
+
+    def loaded(self, dtype: str, with_adapter: bool) -> LoadedModel:
+        """The conversion loaded by the package (with the adapter if asked), once per
+        setting: the decoders of one setting share it, as a run's decoders do."""
+        key = (dtype, with_adapter)
+        if key not in self._loaded:
+            adapter = self.adapter if with_adapter else None
+            self._loaded[key] = load_model(self.conversion.directory, adapter, dtype=dtype)
+        return self._loaded[key]
+
+    def teacher_forced(self, dtype: str, with_adapter: bool) -> TeacherForced:
+        """The fast decoder's teacher-forced decode of the benchmark (once per setting)."""
+        key = (dtype, with_adapter)
+        if key not in self._teacher_forced:
+            fast = FastDecoder(self.loaded(dtype, with_adapter), MAX_NEW)
+            self._teacher_forced[key] = TeacherForced(fast, fast.decode(scenarios()))
+        return self._teacher_forced[key]
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +208,7 @@ def test_conversion_holds_what_transformers_loads_from_the_file(smol: Smol) -> N
     provenance = json.loads((conv.directory / "memeval-gguf.json").read_text("utf-8"))
     assert provenance["sha256"] == PIN.sha256 and provenance["size"] == PIN.size
 
-    loaded = load_model(conv.directory, None)
+    loaded = smol.loaded("float32", False)  # load_model(conv.directory, None)
     mine = loaded.model.state_dict()
     theirs = smol.gguf_model("float32").state_dict()
     assert set(mine) == set(theirs)
@@ -199,12 +240,9 @@ def test_fast_and_reference_decoders_equal_the_plain_loop(
     smol: Smol, dtype: str, with_adapter: bool
 ) -> None:
     expected = smol.expected(dtype, with_adapter)
-    loaded = load_model(
-        smol.conversion.directory, smol.adapter if with_adapter else None, dtype=dtype
-    )
-    reference = ReferenceDecoder(loaded, MAX_NEW)
-    fast = FastDecoder(loaded, MAX_NEW)
-    fast_rollouts = fast.decode(scenarios())
+    reference = ReferenceDecoder(smol.loaded(dtype, with_adapter), MAX_NEW)
+    decoded = smol.teacher_forced(dtype, with_adapter)
+    fast, fast_rollouts = decoded.fast, decoded.rollouts
     for scenario, rollout in zip(scenarios(), fast_rollouts, strict=True):
         assert rollout_outputs(reference.rollout(scenario)) == expected[scenario.id], scenario.id
         assert rollout_outputs(rollout) == expected[scenario.id], scenario.id
@@ -236,21 +274,27 @@ def test_free_running_fast_and_reference_equal_the_plain_loop(
     """Free-running (``history="model"``) on the real model: the fast path's rollouts, the
     reference's, and a user's own free-running loop on the model transformers loads from the
     GGUF file agree turn by turn; up to its first departure each scenario's turns are the
-    teacher-forced ones. (The teacher-forced outputs are those of the decoder test's setting.)"""
-    loaded = load_model(
-        smol.conversion.directory, smol.adapter if with_adapter else None, dtype=dtype
-    )
+    teacher-forced ones. (The teacher-forced outputs are those of the decoder test's setting.)
+
+    The fast decoder takes the calibration the teacher-forced one measured on the same loaded
+    model (what a run does with a stored calibration of this model and setting: the history
+    is not part of the setting), and the plain free-running loop re-runs no prompt the
+    teacher-forced loop ran (up to a scenario's first departure they are the same prompts)."""
+    loaded = smol.loaded(dtype, with_adapter)
     reference = ReferenceDecoder(loaded, MAX_NEW, history="model")
     fast = make_model_decoder("fast", loaded, MAX_NEW, "model")
+    assert isinstance(fast, FastDecoder)
+    assert fast.adopt_calibration(smol.teacher_forced(dtype, with_adapter).fast)
     fast.prefetch(scenarios())
     left = 0
     teacher_forced = smol.expected(dtype, with_adapter)
     model = smol.plain_model(dtype, with_adapter)
+    memo = smol.memo(dtype, with_adapter)
     for scenario in scenarios():
         mine = rollout_outputs(fast.rollout(scenario))
         assert rollout_outputs(reference.rollout(scenario)) == mine, scenario.id
-        assert plain_free_running(model, smol.gguf_tokenizer, scenario.messages, MAX_NEW) == (
-            mine
+        assert (
+            plain_free_running(model, smol.gguf_tokenizer, scenario.messages, MAX_NEW, memo) == mine
         ), scenario.id
         truths = [scenario.messages[k]["content"] for k in scenario.assistant_indices]
         for i, ((text, stopped), forced) in enumerate(
