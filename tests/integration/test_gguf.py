@@ -183,6 +183,11 @@ def test_plugin_runs_on_a_gguf_file_predict_what_the_plain_loop_predicts(
     absolute = memeval_project.run(
         "-n", "0", "--ckpt", "tiny", "--memeval-model", str(root / "models" / "tiny model.gguf")
     )
+    # Both overrides name the same path, so the -n 2 run below replaces this run's directory:
+    # read its records now, to compare the -n 0 run's predictions too.
+    (overridden,) = (p for p in (root / "runs").iterdir() if p.name.startswith("tiny@model"))
+    serial_text = (overridden / "predictions.jsonl").read_text("utf-8")
+    serial = [json.loads(line) for line in serial_text.splitlines()]
     relative = memeval_project.run(
         "-n", "2", "--ckpt", "tiny", "--memeval-model=models/tiny model.gguf"
     )
@@ -200,7 +205,8 @@ def test_plugin_runs_on_a_gguf_file_predict_what_the_plain_loop_predicts(
         metrics = json.loads((run_dir / "metrics.json").read_text("utf-8"))
         assert metrics["fingerprints"]["model"] == sha256_file(tiny[0])
         seen.append([predicted(r) for r in got])
-    assert seen[0] == seen[1]
+    assert seen[0] == seen[1] == [predicted(r) for r in serial]
+    assert {r["id"]: record_outputs(r) for r in serial} == expected
     assert len([p for p in (root / ".cache" / "gguf").iterdir() if p.is_dir()]) == 1
 
 
