@@ -165,17 +165,15 @@ def test_interrupt_then_resume_promotes_and_keeps_previous(
 
 @pytest.mark.slow
 def test_lf_after_a_full_demo_model_run_under_xdist(memeval_project: MemevalProject) -> None:
-    """The issue's report with the real model: a full -n 2 run, then a subset of it. Two
-    scenarios suffice: one per worker in the full run, and a subset of one leaves the other
-    not selected (most of each run's cost is starting the processes and loading the model)."""
-    recs = demo_records("oracle", 2)
+    """The issue's report with the real model: a full -n 2 run, then a subset of it."""
+    recs = demo_records("oracle", 3)
     memeval_project.write(recs)
     top = memeval_project.run_dir()
     memeval_project.run("--ckpt", "demo", "-n", "2")
     assert memeval_project.metrics()["complete"] is True
     finished = _snapshot(top)
     subset = memeval_project.run("--ckpt", "demo", "-n", "2", "-k", recs[1]["id"])
-    subset.stdout.fnmatch_lines(["subset run: 1 of 2 scenarios selected*"])
+    subset.stdout.fnmatch_lines(["subset run: 1 of 3 scenarios selected*"])
     assert _snapshot(top) == finished
     assert memeval_project.subset_metrics()["n"] == 1
     subset.stdout.fnmatch_lines([f"run directory: {memeval_project.latest_subset()} (not fin*"])
