@@ -3,7 +3,7 @@
 ``pytester`` is function-scoped: a run made through it belongs to one test. A module-scoped
 fixture lays its project out under ``tmp_path_factory.mktemp(...)`` and runs pytest there with
 :func:`run_pytest`, a subprocess in the environment pytester gives its own (no outer
-``PYTEST_ADDOPTS``, no colours, the project as ``HOME``), and gets pytester's
+``PYTEST_ADDOPTS``, no CI job summary, no colours, the project as ``HOME``), and gets pytester's
 :class:`pytest.RunResult` back (``assert_outcomes``, ``stdout.fnmatch_lines``...).
 """
 
@@ -18,12 +18,16 @@ from pathlib import Path
 
 import pytest
 
+# The outer session's settings, which a user's run would not have: its PYTEST_ADDOPTS, and
+# the CI job summary file (a test's run must not write into the real job's summary).
+OUTER_ONLY = ("PYTEST_ADDOPTS", "GITHUB_STEP_SUMMARY")
+
 
 def run_pytest(
     root: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> pytest.RunResult:
     """``python -m pytest ARGS`` in ``root`` (``env``: variables set on top)."""
-    environ = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    environ = {k: v for k, v in os.environ.items() if k not in OUTER_ONLY}
     environ.update(PY_COLORS="0", HOME=str(root), **(env or {}))
     basetemp = root / "runpytest" / uuid.uuid4().hex[:8]
     basetemp.parent.mkdir(exist_ok=True)  # pytest makes the base temp itself, not its parent

@@ -10,8 +10,6 @@ same scenarios (counts and predictions, placement fields aside).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from pytest_memeval.runtime.resume import JOURNAL_FORMAT, header_differences, re
 
 from ..conftest import MemevalProject, demo_records, write_project
 from ..faults import FAULTS_CONFTEST
+from ..moduleruns import run_pytest
 from ..runfactory import content
 
 N = 3
@@ -44,14 +43,8 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("clean")
     # The same project as ``memeval_project`` writes (its ``demo`` profile), outside pytester.
     write_project(root, demo_records("oracle", N))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--ckpt", "demo", "-q"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    proc = run_pytest(root, "--ckpt", "demo", "-q")
+    assert proc.ret in (0, 1), proc.stdout.str() + proc.stderr.str()
     run_dir = root / "runs" / "demo"
     metrics = json.loads((run_dir / "metrics.json").read_text("utf-8"))
     assert metrics["complete"] is True

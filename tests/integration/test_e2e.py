@@ -9,9 +9,6 @@ own in that project, so the tests do not depend on each other's order.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ import pytest
 from pytest_memeval.core.recount import recount_run
 
 from ..conftest import MemevalProject, demo_records, write_project
+from ..moduleruns import run_pytest
 from ..runfactory import content, read_jsonl
 
 #: Aligned (oracle) and unaligned (baseline) scenarios of the demo benchmark.
@@ -40,19 +38,8 @@ parse = { final = "zzz", turn = "zzz" }
 
 def _run(root: Path, *args: str) -> pytest.RunResult:
     """``pytest args`` in a subprocess in ``root``, as ``Pytester.runpytest_subprocess`` runs
-    it (no PYTEST_ADDOPTS of the outer session, no CI job summary)."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "GITHUB_STEP_SUMMARY")
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return pytest.RunResult(proc.returncode, proc.stdout.splitlines(), proc.stderr.splitlines(), 0)
+    it (:func:`tests.moduleruns.run_pytest`)."""
+    return run_pytest(root, *args, timeout=600)
 
 
 @dataclass(frozen=True)

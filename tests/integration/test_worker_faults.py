@@ -19,8 +19,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from pytest_memeval.core.recount import recount_run
 
 from ..conftest import MemevalProject, demo_records, write_project
 from ..faults import WORKER_FAULTS_CONFTEST
+from ..moduleruns import run_pytest
 from ..runfactory import COUNT_FIELDS, content, read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -43,14 +42,8 @@ WALL_S = 240
 def clean(root: Path, *args: str) -> dict[str, Any]:
     """An uninterrupted run of the same project without xdist, to compare with."""
     write_project(root, demo_records("oracle", N))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--ckpt", "demo", "-q", "-p", "no:xdist", *args],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=WALL_S,
-    )
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    proc = run_pytest(root, "--ckpt", "demo", "-q", "-p", "no:xdist", *args, timeout=WALL_S)
+    assert proc.ret in (0, 1), proc.stdout.str() + proc.stderr.str()
     run_dir = next((root / "runs").iterdir())
     return {
         "metrics": json.loads((run_dir / "metrics.json").read_text("utf-8")),
