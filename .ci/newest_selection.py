@@ -116,9 +116,12 @@ GROUPS = (
 
 @dataclass(frozen=True)
 class Selection:
-    """What differs (one line each) and the test paths to rerun, in order, each once."""
+    """What differs (one line each), why each group is or is not rerun (its differing
+    distributions, or ``python``; empty: not rerun) and the test paths to rerun, in order,
+    each once."""
 
     differences: tuple[str, ...]
+    reasons: dict[str, tuple[str, ...]]
     tests: tuple[str, ...]
 
 
@@ -151,22 +154,29 @@ def differences(tested: dict[str, object], other: dict[str, object]) -> dict[str
     return found
 
 
+def _reason(group: Group, changed: set[str]) -> tuple[str, ...]:
+    """Why ``group`` reruns: its distributions that differ (every group on another Python)."""
+    return tuple(sorted(changed & group.distributions)) or (
+        ("python",) if "python" in changed else ()
+    )
+
+
 def select(tested: dict[str, object], other: dict[str, object]) -> Selection:
     """The tests to rerun on ``other`` after the main suite ran on ``tested``."""
     found = differences(tested, other)
     if not found:
-        return Selection((), ())
+        return Selection((), {}, ())
+    reasons = {group.name: _reason(group, set(found)) for group in GROUPS}
     tests = list(ALWAYS)
-    changed = set(found)
     for group in GROUPS:
-        if "python" in changed or changed & group.distributions:
+        if reasons[group.name]:
             tests += [t for t in group.tests if t not in tests]
-    return Selection(tuple(found.values()), tuple(tests))
+    return Selection(tuple(found.values()), reasons, tuple(tests))
 
 
 def main(argv: list[str]) -> int:
-    tested, other = installed(sys.executable), installed(argv[1])
-    selection = select(tested, other)
+    other = installed(argv[1])
+    selection = select(installed(sys.executable), other)
     if not selection.differences:
         count = len(_dists(other))
         print(
@@ -175,7 +185,6 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 0
-    changed = set(differences(tested, other))
     print(
         f"the newest releases differ from those tested in {len(selection.differences)} "
         "distribution(s):",
@@ -183,10 +192,9 @@ def main(argv: list[str]) -> int:
     )
     for line in selection.differences:
         print(f"  {line}", file=sys.stderr)
-    for group in GROUPS:
-        hit = sorted(changed & group.distributions) or (["python"] if "python" in changed else [])
-        verdict = f"rerun ({', '.join(hit)} differ)" if hit else "same releases: not rerun"
-        print(f"{group.name} modules: {verdict}", file=sys.stderr)
+    for name, why in selection.reasons.items():
+        verdict = f"rerun ({', '.join(why)} differ)" if why else "same releases: not rerun"
+        print(f"{name} modules: {verdict}", file=sys.stderr)
     print("\n".join(selection.tests))
     return 0
 

@@ -103,6 +103,26 @@ def java_children() -> list[int]:
     return sorted(found)
 
 
+def marked_processes(value: str) -> list[str]:
+    """The command lines (first 120 characters) of the processes whose environment holds
+    ``MEMEVAL_TEST_RUN_MARK=value``: a run's own processes, its JVMs included."""
+    needle = f"MEMEVAL_TEST_RUN_MARK={value}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                found.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" "))
+        except OSError:  # ended while we looked, or not ours to read
+            continue
+    return [c.decode(errors="replace")[:120] for c in found]
+
+
+def no_jvm_left(value: str) -> None:
+    """Fail if a JVM of the run marked ``value`` is still running."""
+    left = [c for c in marked_processes(value) if "java" in c]
+    assert not left, f"JVMs left after the run: {left}"
+
+
 def is_running(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:

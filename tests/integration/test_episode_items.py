@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import textwrap
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from pytest_memeval.core.episode_records import read_episode_records, recount_ep
 from pytest_memeval.env import make_env, parse_env_spec
 
 from ..conftest import MemevalProject
-from ..envs import TWC_TABLE, require_textworld, twc_profile, write_pyproject
+from ..envs import TWC_TABLE, no_jvm_left, require_textworld, twc_profile, write_pyproject
 
 
 @pytest.fixture
@@ -31,23 +30,6 @@ def marker(monkeypatch: pytest.MonkeyPatch) -> str:
     value = uuid.uuid4().hex
     monkeypatch.setenv("MEMEVAL_TEST_RUN_MARK", value)
     return value
-
-
-def _marked_processes(value: str) -> list[str]:
-    needle = f"MEMEVAL_TEST_RUN_MARK={value}".encode()
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if needle in environ.read_bytes().split(b"\0"):
-                found.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" "))
-        except OSError:  # ended while we looked, or not ours to read
-            continue
-    return [c.decode(errors="replace")[:120] for c in found]
-
-
-def _no_jvm_left(value: str) -> None:
-    left = [c for c in _marked_processes(value) if "java" in c]
-    assert not left, f"JVMs left after the run: {left}"
 
 
 def _trajectories(project: MemevalProject, ckpt: str) -> dict[str, Any]:
@@ -87,7 +69,7 @@ def test_each_seed_is_an_item_and_the_run_directory_holds_its_episode(
     assert metrics["env"]["version"] == "1.1.0" and metrics["env"]["seeds"] == [0, 1, 2]
     assert set(metrics["fingerprints"]) == {"model", "adapter", "tokenizer", "decoding", "env"}
     assert recount_episodes(run / "predictions.jsonl", metrics) == []
-    _no_jvm_left(marker)
+    no_jvm_left(marker)
     # Environment determinism: the stored actions, replayed into a fresh environment,
     # give the stored observations.
     env = make_env(parse_env_spec({**TWC_TABLE, "seeds": "0-2"}))
@@ -174,4 +156,4 @@ def test_an_environment_error_is_an_error_and_resume_reruns_only_it(
     assert {k: after[k] for k in ("twc-0", "twc-2")} == {k: before[k] for k in ("twc-0", "twc-2")}
     journal = (memeval_project.run_dir("twc") / "journal.jsonl").read_text("utf-8").splitlines()
     assert [json.loads(line).get("id") for line in journal[1:]].count("twc-1") == 2
-    _no_jvm_left(marker)
+    no_jvm_left(marker)

@@ -23,7 +23,7 @@ import pytest
 from pytest_memeval.core.episode_records import recount_episodes
 from pytest_memeval.tools.cli import main
 
-from ..envs import require_textworld, twc_profile, write_pyproject
+from ..envs import no_jvm_left, require_textworld, twc_profile, write_pyproject
 from ..moduleruns import run_pytest
 
 pytestmark = pytest.mark.slow
@@ -31,23 +31,6 @@ pytestmark = pytest.mark.slow
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
-
-
-def _marked_processes(value: str) -> list[str]:
-    needle = f"MEMEVAL_TEST_RUN_MARK={value}".encode()
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if needle in environ.read_bytes().split(b"\0"):
-                found.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" "))
-        except OSError:  # ended while we looked, or not ours to read
-            continue
-    return [c.decode(errors="replace")[:120] for c in found]
-
-
-def _no_jvm_left(value: str) -> None:
-    left = [c for c in _marked_processes(value) if "java" in c]
-    assert not left, f"JVMs left after the run: {left}"
 
 
 @dataclass
@@ -93,7 +76,7 @@ def unsharded(tmp_path_factory: pytest.TempPathFactory) -> Unsharded:
     # "b": the same checkpoint and seeds under another name, for the -n 2 run.
     write_pyproject(project.path, twc_profile("twc", "0-3") + twc_profile("b", "0-3"))
     project.run("--ckpt", "twc", "-n", "0").assert_outcomes(failed=4)
-    _no_jvm_left(project.mark)
+    no_jvm_left(project.mark)
     names = ("metrics.json", "predictions.jsonl")
     return Unsharded(
         project,
@@ -165,4 +148,4 @@ def test_one_checkpoint_gives_identical_trajectories_with_and_without_xdist(
     spread_records = _lines(project.path / "runs" / "b" / "predictions.jsonl")
     assert {r["id"]: r["trajectory"] for r in spread_records} == serial
     assert project.metrics("b")["episodes"] == unsharded.metrics["episodes"]
-    _no_jvm_left(project.mark)
+    no_jvm_left(project.mark)

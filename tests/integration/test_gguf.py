@@ -30,14 +30,6 @@ from ..plainloop import plain_loop, predicted, record_outputs
 MAX_NEW = 12
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One torch thread in every process a test starts (``-n 0`` runs, the racing runs), as
-    ``-n 2`` gives each worker on these 2-core machines: two threads per process on a shared
-    machine only spin (the thread count is no part of what these tests check)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """The tiny GGUF file (a path with a space) and the weights it must give back.

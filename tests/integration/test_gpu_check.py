@@ -47,11 +47,8 @@ generation = {{ max_new_tokens = 16 }}
 # its time (about half a minute on a quiet 2-core machine).
 @pytest.mark.slow
 def test_the_cpu_check_benches_runs_bound_workers_and_says_what_is_absent(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # One torch thread per step, as the pytest step's bound workers get: the benches' default
-    # two threads on these shared 2-core machines only spin beside the other xdist worker.
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "report" / "gpu-check.md"
     profiles = _profiles(tmp_path)
     argv = ["gpu-check", "--device", "cpu", "--quick", "--out", str(out)]

@@ -208,7 +208,7 @@ def test_conversion_holds_what_transformers_loads_from_the_file(smol: Smol) -> N
     provenance = json.loads((conv.directory / "memeval-gguf.json").read_text("utf-8"))
     assert provenance["sha256"] == PIN.sha256 and provenance["size"] == PIN.size
 
-    loaded = smol.loaded("float32", False)  # load_model(conv.directory, None)
+    loaded = smol.loaded("float32", False)
     mine = loaded.model.state_dict()
     theirs = smol.gguf_model("float32").state_dict()
     assert set(mine) == set(theirs)

@@ -53,6 +53,7 @@ def test_a_pytest_release_reruns_the_pytest_modules_not_the_model_ones(
     assert chosen.tests[:2] == selection.ALWAYS
     assert set(chosen.tests) == set(selection.ALWAYS) | _group_tests(selection, "pytest")
     assert "tests/integration/test_families.py" not in chosen.tests
+    assert chosen.reasons == {"pytest": ("pytest",), "model": (), "environment": ()}
     assert len(chosen.tests) == len(set(chosen.tests))
 
 
@@ -96,6 +97,7 @@ def test_an_untested_distribution_or_another_python_is_a_difference(
     chosen = selection.select(TESTED, other)
     assert chosen.differences == (said,)
     if said.startswith("python"):  # another interpreter: every group
+        assert set(chosen.reasons.values()) == {("python",)}
         assert set(chosen.tests) >= {t for g in selection.GROUPS for t in g.tests}
 
 
