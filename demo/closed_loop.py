@@ -8,6 +8,9 @@ conversation), ``run_episode`` per seed, ``core/episodes.episode_metrics`` over 
         --seeds 0-9 --max-steps 20 --max-new-tokens 16 --threads 1
 
 ``--adapter DIR`` adds a LoRA adapter; ``--out FILE`` writes the episodes and numbers as JSON.
+``--compare`` runs the seeds twice in one process, the reference policy one episode at a time
+and then ``decode/fast.FastPolicy`` with the episodes stepped together, and prints both times,
+the ratio and whether every trajectory is identical (exit status 1 if not).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from pathlib import Path
 
 from pytest_memeval.core.cache import resolve_cache_dir
 from pytest_memeval.core.episodes import episode_metrics
+from pytest_memeval.decode.fast import FastPolicy
 from pytest_memeval.decode.policy import ModelPolicy
-from pytest_memeval.env import make_env, parse_env_spec, run_episode
+from pytest_memeval.env import EnvSpec, EpisodeRunner, make_env, parse_env_spec, run_episode
 from pytest_memeval.model.gguf import convert_gguf, is_gguf
-from pytest_memeval.model.loading import load_model
+from pytest_memeval.model.loading import LoadedModel, load_model
 
 TWC = "numLocations=1,numItemsToPutAway=2,includeDoors=0,limitInventorySize=0"
 
@@ -40,6 +44,7 @@ def main() -> None:
     parser.add_argument("--system", default=None, help="system text (default: the task)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--compare", action="store_true", help="reference vs fast, timed")
     args = parser.parse_args()
 
     import torch
@@ -62,6 +67,8 @@ def main() -> None:
     loaded = load_model(model_dir, args.adapter)
     policy = ModelPolicy(loaded, args.max_new_tokens)
     loaded_at = time.perf_counter()
+    if args.compare:
+        raise SystemExit(_compare(spec, loaded, args))
     env = make_env(spec)
     try:
         episodes = []
@@ -92,6 +99,30 @@ def main() -> None:
             "episodes": [e.as_plain() for e in episodes],
         }
         args.out.write_text(json.dumps(plain, indent=1) + "\n", encoding="utf-8")
+
+
+def _compare(spec: EnvSpec, loaded: LoadedModel, args: argparse.Namespace) -> int:
+    """The reference policy one episode at a time, then the fast policy with every episode
+    stepped together, in the same environments: both times, the ratio, identical or not."""
+    with EpisodeRunner(spec, system=args.system) as runner:
+        started = time.perf_counter()
+        reference = [runner.run(s, ModelPolicy(loaded, args.max_new_tokens)) for s in spec.seeds]
+        reference_s = time.perf_counter() - started
+        fast = FastPolicy(loaded, args.max_new_tokens)
+        started = time.perf_counter()
+        together = runner.run_together(list(spec.seeds), fast.decide)
+        fast_s = time.perf_counter() - started
+    same = all(
+        (a.as_plain(), a.messages) == (b.as_plain(), b.messages)
+        for a, b in zip(reference, together, strict=True)
+    )
+    print(f"reference: {reference_s:8.2f} s  (one episode at a time)")
+    print(f"fast:      {fast_s:8.2f} s  ({len(together)} episodes stepped together)")
+    print(f"  {fast.stats.describe()}")
+    print("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in fast.stats.seconds.items()))
+    verdict = "yes" if same else "no"
+    print(f"fast/reference speedup: {reference_s / fast_s:.1f}x, trajectories identical: {verdict}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

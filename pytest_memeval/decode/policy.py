@@ -50,13 +50,21 @@ class ModelPolicy:
         text = render(self.loaded.tokenizer, plain, add_generation_prompt=True)
         return encode_many(self.loaded.tokenizer, [text])[0]
 
-    def __call__(self, messages: Sequence[Message]) -> PolicyOutput:
-        ids = self.prompt_ids(messages)
+    def over_context(self, ids: Sequence[int]) -> ContextLimitExceeded | None:
+        """The error a prompt of ``ids`` raises (it and ``max_new_tokens`` more pass the
+        context), or ``None`` when it fits: checked before any model call."""
         limit = self.context_limit
         if limit is not None and len(ids) + self.max_new_tokens > limit:
-            raise ContextLimitExceeded(
+            return ContextLimitExceeded(
                 f"the next prompt is {len(ids)} tokens; with max_new_tokens="
                 f"{self.max_new_tokens} it passes the context of {limit}"
             )
+        return None
+
+    def __call__(self, messages: Sequence[Message]) -> PolicyOutput:
+        ids = self.prompt_ids(messages)
+        over = self.over_context(ids)
+        if over is not None:
+            raise over
         out = generate_from(self.loaded, ids, self.max_new_tokens)
         return PolicyOutput(out.text, truncated=not out.stopped)

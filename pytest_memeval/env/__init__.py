@@ -10,6 +10,7 @@ a backend is made. See docs/closed-loop.md.
 """
 
 from pytest_memeval.env.episode import (
+    BatchPolicy,
     ContextLimitExceeded,
     Episode,
     Message,
@@ -18,6 +19,7 @@ from pytest_memeval.env.episode import (
     StepRecord,
     TerminationReason,
     run_episode,
+    run_episodes,
 )
 from pytest_memeval.env.gym_adapter import GymnasiumTextEnv
 from pytest_memeval.env.protocol import (
@@ -43,6 +45,7 @@ __all__ = [
     "BUILTIN_BACKENDS",
     "DEFAULT_MAX_STEPS",
     "MAX_SEEDS",
+    "BatchPolicy",
     "ContextLimitExceeded",
     "EnvError",
     "EnvInfo",
@@ -65,4 +68,5 @@ __all__ = [
     "parse_env_spec",
     "parse_seeds",
     "run_episode",
+    "run_episodes",
 ]

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, TypedDict, TypeVar
 from pytest_memeval.env.protocol import EnvError, EnvInfo, StepResult, TextEnv
 
 __all__ = [
+    "BatchPolicy",
     "ContextLimitExceeded",
     "Episode",
     "Message",
@@ -39,6 +40,7 @@ __all__ = [
     "StepRecord",
     "TerminationReason",
     "run_episode",
+    "run_episodes",
 ]
 
 _T = TypeVar("_T")
@@ -62,6 +64,12 @@ class PolicyOutput(NamedTuple):
 
 #: the conversation so far -> the next action
 Policy = Callable[[Sequence[Message]], "str | PolicyOutput"]
+
+#: several conversations -> each one's next action, or the :class:`ContextLimitExceeded` its
+#: policy call alone would raise (the lockstep runner's policy: :func:`run_episodes`)
+BatchPolicy = Callable[
+    [Sequence[Sequence[Message]]], "Sequence[str | PolicyOutput | ContextLimitExceeded]"
+]
 
 
 class ContextLimitExceeded(Exception):
@@ -215,6 +223,82 @@ def run_episode(
         if reason is not None:
             return run.end(reason)
     return run.end(TerminationReason.STEP_LIMIT)
+
+
+def run_episodes(
+    envs: Sequence[TextEnv],
+    seeds: Sequence[int],
+    decide: BatchPolicy,
+    max_steps: int,
+    *,
+    system: str | None = None,
+    invalid_action_limit: int | None = None,
+    step_timeout_s: float | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> list[Episode]:
+    """Episode ``seeds[i]`` in ``envs[i]``, all stepped together: at each step the episodes
+    still under way hand their conversations to ``decide`` in one call (a batched policy),
+    then each sends its action to its own environment.
+
+    Each episode is the one :func:`run_episode` runs with the same arguments and a policy
+    that answers as ``decide`` does: the episodes share nothing but the call, and each ends
+    for its own reason, the others going on without it.
+    """
+    if len(envs) != len(seeds):
+        raise ValueError(f"{len(seeds)} seeds need as many environments, not {len(envs)}")
+    ended: dict[int, Episode] = {}
+    runs: dict[int, _Run] = {}
+    for n, (env, seed) in enumerate(zip(envs, seeds, strict=True)):
+        try:
+            observation, info = _reset_result(
+                _timed(functools.partial(env.reset, seed, options), step_timeout_s, "reset")
+            )
+        except Exception as exc:
+            ended[n] = Episode(seed, TerminationReason.ENV_ERROR, (), "", (), 0.0, _describe(exc))
+            continue
+        system_text = system if system is not None else (info.task_description or "")
+        runs[n] = _Run(seed, observation, system_text, info)
+    for _ in range(max_steps):
+        if not runs:
+            break
+        live = list(runs)
+        outputs = decide([tuple(runs[n].messages) for n in live])
+        if len(outputs) != len(live):
+            raise TypeError(f"a batch policy answered {len(outputs)} of {len(live)} conversations")
+        for n, output in zip(live, outputs, strict=True):
+            outcome = _advance(envs[n], runs[n], output, invalid_action_limit, step_timeout_s)
+            if outcome.reason is not None:
+                ended[n] = runs.pop(n).end(outcome.reason, outcome.error)
+    for n, run in runs.items():
+        ended[n] = run.end(TerminationReason.STEP_LIMIT)
+    return [ended[n] for n in range(len(seeds))]
+
+
+def _advance(
+    env: TextEnv,
+    run: _Run,
+    output: str | PolicyOutput | ContextLimitExceeded,
+    invalid_action_limit: int | None,
+    step_timeout_s: float | None,
+) -> _Outcome:
+    """One step of ``run`` with the policy's ``output``: why the episode ends with it, if
+    it does."""
+    if isinstance(output, ContextLimitExceeded):
+        return _Outcome(TerminationReason.CONTEXT_LIMIT)
+    text, truncated = _action(output)
+    try:
+        result = _step_result(_timed(functools.partial(env.step, text), step_timeout_s, "step"))
+    except Exception as exc:
+        return _Outcome(TerminationReason.ENV_ERROR, _describe(exc))
+    return _Outcome(run.record(text, truncated, result, invalid_action_limit))
+
+
+class _Outcome(NamedTuple):
+    """How one step left an episode: ended for ``reason`` (``None``: going on), and what
+    the environment raised (``ENV_ERROR`` only)."""
+
+    reason: TerminationReason | None
+    error: str | None = None
 
 
 class _Run:

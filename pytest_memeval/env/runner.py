@@ -9,11 +9,11 @@ episode gets a new one. ``close`` (or leaving the ``with`` block) closes the one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from pytest_memeval.env.episode import Episode, Policy, run_episode
+from pytest_memeval.env.episode import BatchPolicy, Episode, Policy, run_episode, run_episodes
 from pytest_memeval.env.protocol import TextEnv
 from pytest_memeval.env.registry import make_env
 from pytest_memeval.env.spec import EnvSpec
@@ -40,7 +40,10 @@ class EpisodeRunner:
         self.system = system
         self._make = make
         self._env: TextEnv | None = None
-        #: environments made so far (one, unless an error made the runner replace one)
+        #: the further environments :meth:`run_together` steps beside :attr:`env`
+        self._more: list[TextEnv] = []
+        #: environments made so far (one, unless an error made the runner replace one, or
+        #: :meth:`run_together` ran several episodes at once)
         self.made = 0
 
     @property
@@ -69,8 +72,43 @@ class EpisodeRunner:
             self.close()  # suspect now: the next episode starts a new one
         return episode
 
+    def run_together(self, seeds: Sequence[int], decide: BatchPolicy) -> list[Episode]:
+        """The episodes of ``seeds`` stepped together (:func:`~.episode.run_episodes`), one
+        environment each: :attr:`env` and as many more as needed, kept for the next call;
+        an environment whose episode ended in an error is closed and replaced next time."""
+        for seed in seeds:
+            if seed not in self.spec.seeds:
+                raise ValueError(f"seed {seed} is not among env.seeds of this run")
+        envs = [self.env]
+        while len(self._more) < len(seeds) - 1:
+            self._more.append(self._make(self.spec))
+            self.made += 1
+        envs += self._more[: len(seeds) - 1]
+        episodes = run_episodes(
+            envs,
+            seeds,
+            decide,
+            self.spec.max_steps,
+            system=self.system,
+            invalid_action_limit=self.spec.invalid_action_limit,
+            step_timeout_s=self.spec.step_timeout_s,
+        )
+        broken = {id(env) for env, ep in zip(envs, episodes, strict=True) if ep.is_error}
+        if id(self._env) in broken:
+            self._close_first()
+        for env in [e for e in self._more if id(e) in broken]:
+            self._more.remove(env)
+            env.close()
+        return episodes
+
     def close(self) -> None:
-        """Close the environment held, if any (a later episode makes a new one)."""
+        """Close the environments held, if any (a later episode makes a new one)."""
+        more, self._more = self._more, []
+        for env in more:
+            env.close()
+        self._close_first()
+
+    def _close_first(self) -> None:
         env, self._env = self._env, None
         if env is not None:
             env.close()

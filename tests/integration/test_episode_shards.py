@@ -5,8 +5,8 @@ serial run of seeds 0-3 is made once for the module and read by both tests: it i
 shards merged must equal (shard 1 in a single process, shard 2 under xdist: the workers run
 the controller's shard, then ``memeval merge``, then a ``-k`` subset written under
 ``subsets/<time>/`` that leaves the finished run at the top alone and is resumed to a finished
-run promoted to the top), and the serial run whose trajectories a ``-n 2`` run of the same
-checkpoint must give again. Each pytest run costs tens of CPU-seconds (a model load, a JVM):
+run promoted to the top), and the serial run (fast path) whose trajectories a ``-n 2`` run
+of the same checkpoint on the reference path must give again. Each pytest run costs tens of CPU-seconds (a model load, a JVM):
 sharing the serial run saves one.
 """
 
@@ -136,13 +136,15 @@ def test_two_shards_merged_are_the_unsharded_run_and_a_subset_leaves_the_top_alo
     assert project.subsets() == []
 
 
-def test_one_checkpoint_gives_identical_trajectories_with_and_without_xdist(
+def test_the_fast_serial_run_and_the_reference_under_xdist_give_identical_trajectories(
     unsharded: Unsharded,
 ) -> None:
-    """The module's serial run of ``twc`` and a ``-n 2`` run of ``b`` (the same checkpoint,
-    generation and seeds): each worker plays two episodes in its one environment."""
+    """The module's serial run of ``twc`` (the fast path: the four episodes stepped together,
+    caches kept) and a ``-n 2`` run of ``b`` (the same checkpoint, generation and seeds) on
+    the reference path: each worker plays its episodes one at a time, a whole ``generate``
+    per step, in its one environment."""
     project = unsharded.project
-    spread = project.run("--ckpt", "b", "-n", "2")
+    spread = project.run("--ckpt", "b", "-n", "2", "--memeval-decode", "reference")
     spread.assert_outcomes(failed=4)
     serial = {r["id"]: r["trajectory"] for r in unsharded.predictions}
     spread_records = _lines(project.path / "runs" / "b" / "predictions.jsonl")

@@ -295,6 +295,7 @@ FAST_MODULES = (
     "stored",
     "history",
     "decoder",
+    "episodes",
 )
 #: "a stage is a file a newcomer can read top to bottom" (docs/architecture.md)
 FAST_MAX_LINES = 400

@@ -24,6 +24,7 @@ from pytest_memeval.env import (
     TerminationReason,
     TextEnv,
     run_episode,
+    run_episodes,
 )
 
 from ..envs import WORDS, require_gymnasium, say_the_word_env, scripted
@@ -253,3 +254,72 @@ def test_an_environment_breaking_the_protocol_is_an_environment_error(
         "EnvError: step() must return a StepResult (observation: str, reward, terminated, "
         "truncated, info: EnvInfo), got (str, float, bool, bool, dict)"
     )
+
+
+def _guessing_policy(messages: Sequence[Message]) -> str:
+    """A deterministic policy over the conversation: the words in turn, then the one the
+    first observation names (so episodes of different seeds end after different steps)."""
+    said = sum(1 for m in messages if m["role"] == "assistant")
+    named = messages[1]["content"].split()[-1].rstrip(".")
+    return WORDS[said] if said < 2 else named
+
+
+def test_episodes_stepped_together_are_each_the_episode_run_alone(say_cls: type[Any]) -> None:
+    seeds = [0, 1, 2, 3, 4, 5]
+    alone = [run_episode(GymnasiumTextEnv(say_cls()), s, _guessing_policy, 4) for s in seeds]
+    asked: list[int] = []
+
+    def decide(conversations: Sequence[Sequence[Message]]) -> list[str]:
+        asked.append(len(conversations))
+        return [_guessing_policy(m) for m in conversations]
+
+    envs = [GymnasiumTextEnv(say_cls()) for _ in seeds]
+    together = run_episodes(envs, seeds, decide, 4)
+    assert [e.as_plain() for e in together] == [e.as_plain() for e in alone]
+    assert [e.messages for e in together] == [e.messages for e in alone]
+    # one call per step for all episodes under way; an ended episode leaves the batch
+    assert asked[0] == len(seeds) and asked == sorted(asked, reverse=True)
+    assert len(asked) == max(len(e.steps) for e in alone)
+    assert {e.reason for e in alone} >= {TerminationReason.SUCCESS}
+
+
+def test_one_episode_ending_by_error_or_context_leaves_the_others_going(
+    say_cls: type[Any],
+) -> None:
+    faulty = _Faulty("step", "raise", at=1)
+    envs: list[TextEnv] = [GymnasiumTextEnv(say_cls()), faulty, GymnasiumTextEnv(say_cls())]
+    calls = 0
+
+    def decide(
+        conversations: Sequence[Sequence[Message]],
+    ) -> list[str | PolicyOutput | ContextLimitExceeded]:
+        nonlocal calls
+        calls += 1
+        out: list[str | PolicyOutput | ContextLimitExceeded] = []
+        for m in conversations:
+            if m[0]["content"] == "Say the secret word." and len(m) >= 5:
+                out.append(ContextLimitExceeded("the next prompt is 2049 tokens"))
+            else:
+                out.append(PolicyOutput("look", truncated=True))
+        return out
+
+    try:
+        first, broken, third = run_episodes(envs, [0, 9, 1], decide, 6, step_timeout_s=5)
+    finally:
+        faulty.close()
+    assert first.reason is third.reason is TerminationReason.CONTEXT_LIMIT
+    assert len(first.steps) == len(third.steps) == 2
+    assert broken.reason is TerminationReason.ENV_ERROR and len(broken.steps) == 1
+    assert broken.error == "ConnectionError: py4j: the Java VM is gone"
+    assert all(s.truncated_output for s in first.steps)
+    assert calls == 3
+
+
+def test_episodes_together_need_an_environment_each_and_an_answer_each(
+    say_cls: type[Any],
+) -> None:
+    with pytest.raises(ValueError, match="2 seeds need as many environments, not 1"):
+        run_episodes([GymnasiumTextEnv(say_cls())], [0, 1], lambda c: ["x"] * len(c), 2)
+    envs = [GymnasiumTextEnv(say_cls()) for _ in range(2)]
+    with pytest.raises(TypeError, match="answered 1 of 2 conversations"):
+        run_episodes(envs, [0, 1], lambda c: ["x"], 2)

@@ -43,6 +43,8 @@ The package is the decoder's stages, one module each, in the order a scenario me
   setting and reused by later runs and other workers;
 * ``decoder.py``: :class:`FastDecoder`, which runs plan -> forward -> verify -> generate,
   with the calibration as one step;
+* ``episodes.py``: :class:`FastPolicy`, the closed loop's policy: each episode's cache kept
+  across steps, the episodes' steps batched, ``generate.py``'s call and guard;
 
 and the helpers the stages share: ``logits.py`` (greedy checks read off logits),
 ``stats.py`` (typed counters and seconds) and ``shared.py`` (what one decoder's stages
@@ -76,6 +78,7 @@ from pytest_memeval.decode.fast.decoder import (
     DEFAULT_MAX_BATCH_TOKENS,
     FastDecoder,
 )
+from pytest_memeval.decode.fast.episodes import CALIBRATION_STEPS, ClosedLoopStats, FastPolicy
 from pytest_memeval.decode.fast.exact import ExactStage
 from pytest_memeval.decode.fast.generate import GENERATE_LOGITS_BYTES, GENERATE_ROWS
 from pytest_memeval.decode.fast.kvcache import CacheSlice
@@ -103,6 +106,7 @@ from pytest_memeval.decode.fast.verify import Acceptance, Continuation, accept
 
 __all__ = [
     "ACCELERATOR",
+    "CALIBRATION_STEPS",
     "CALIBRATION_TURNS",
     "CPU",
     "DEFAULT_ACCELERATOR_BATCH_SIZE",
@@ -128,12 +132,14 @@ __all__ = [
     "CalibrationOutcome",
     "CalibrationStore",
     "Checks",
+    "ClosedLoopStats",
     "Continuation",
     "DecodeStats",
     "Disagreement",
     "ExactMode",
     "ExactStage",
     "FastDecoder",
+    "FastPolicy",
     "Kind",
     "ScenarioPlan",
     "Shared",

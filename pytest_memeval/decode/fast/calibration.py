@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CALIBRATION_TURNS",
     "Calibrator",
+    "Measurements",
     "PickedTurn",
     "device_name",
     "measurement_setting",
@@ -152,7 +153,7 @@ def pick_turns(plans: Sequence[ScenarioPlan], count: int) -> list[PickedTurn]:
     return picked
 
 
-class _Measurements:
+class Measurements:
     """Per kind, the per-position maxima of ``|fast - reference|``, absolute and in ulps."""
 
     def __init__(self, dtype: str) -> None:
@@ -214,7 +215,7 @@ class Calibrator(Stage):
         """The disagreement on turns of ``passed`` (measured under ``setting``)."""
         started = time.perf_counter()
         picked = pick_turns(passed.plans, self.turns)
-        measured = _Measurements(self.loaded.dtype)
+        measured = Measurements(self.loaded.dtype)
         # The exact stage's check continues from these calls' own prompt caches (exact_mode).
         keep = self.exact is not None
         references = [
@@ -285,7 +286,7 @@ class Calibrator(Stage):
 
     @staticmethod
     def _teacher_forced(
-        measured: _Measurements, passed: ForwardPass, picked: PickedTurn, reference: ReferenceSteps
+        measured: Measurements, passed: ForwardPass, picked: PickedTurn, reference: ReferenceSteps
     ) -> None:
         """``first`` and ``step``: the forward pass's logits, while the reference follows
         the truth (later logits are not comparable)."""
@@ -297,7 +298,7 @@ class Calibrator(Stage):
             kind: Kind = "first" if j == 0 else "step"
             measured.add(kind, passed.logits_at(picked.row, start - 1 + j), step)
 
-    def _generate(self, measured: _Measurements, samples: Sequence[_Sample]) -> None:
+    def _generate(self, measured: Measurements, samples: Sequence[_Sample]) -> None:
         """``generate``: the fast path's cached batched generation of the same prompts,
         while it produces the reference's tokens."""
         call = self.generator.run(
@@ -314,7 +315,7 @@ class Calibrator(Stage):
                 measured.add("generate", a, b)
 
     def _row_steps(
-        self, measured: _Measurements, samples: Sequence[_Sample], mode: ExactMode
+        self, measured: Measurements, samples: Sequence[_Sample], mode: ExactMode
     ) -> None:
         """``row_step``: the exact stage's batched steps continuing from the forward pass's
         cache of each prompt (feeding its last token: the first answer token's logits come
@@ -331,7 +332,7 @@ class Calibrator(Stage):
                     break
                 measured.add("row_step", a, b)
 
-    def _verify(self, measured: _Measurements, samples: Sequence[_Sample]) -> None:
+    def _verify(self, measured: Measurements, samples: Sequence[_Sample]) -> None:
         """``verify``: both computations of the verification pass (packed, as in a first
         round, and cut) over the reference's own tokens: at position ``k`` a pass sees the
         prompt and the reference's first ``k`` tokens, as the reference's step ``k`` did."""

@@ -40,7 +40,7 @@ from pytest_memeval.core.profiles import profile_to_plain
 from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY, METRICS, Journal
 from pytest_memeval.core.runlayout import new_subset_dir, promote, resume_target
 from pytest_memeval.core.sharding import shard_scope
-from pytest_memeval.runtime.episodes.items import SEED_FIXTURE, EpisodeState, episode_items
+from pytest_memeval.runtime.episodes.items import EpisodeState, episode_items, item_seed
 
 __all__ = [
     "CONTROLLER_NAME",
@@ -67,9 +67,8 @@ def deselect_resumed(config: pytest.Config, state: EpisodeState, items: list[pyt
 
 
 def _item_id(state: EpisodeState, item: pytest.Item) -> str | None:
-    callspec = getattr(item, "callspec", None)
-    seed = callspec.params.get(SEED_FIXTURE) if callspec is not None else None
-    return episode_id(state.spec, seed) if isinstance(seed, int) else None
+    seed = item_seed(item)
+    return episode_id(state.spec, seed) if seed is not None else None
 
 
 class RunStage(NamedTuple):
@@ -149,6 +148,7 @@ class EpisodeController:
             "fingerprints": self.state.fingerprints,
             "env": self.state.env,
             "shard": list(self.state.shard) if self.state.shard else None,
+            "decode": self.state.decode_path,
         }
 
     @pytest.hookimpl(tryfirst=True)

@@ -36,6 +36,7 @@ from pytest_memeval.model.checks import (
 from pytest_memeval.model.gguf import prepare_profile
 from pytest_memeval.runtime.eval_items import PROVIDED, covers_project
 from pytest_memeval.runtime.session import (
+    DECODE_PATHS,
     cache_dir,
     controller_profile,
     decoding_fingerprint,
@@ -50,6 +51,7 @@ __all__ = [
     "build_episode_state",
     "env_maker",
     "episode_items",
+    "item_seed",
     "parametrize_episodes",
     "provide_episode_items",
 ]
@@ -77,6 +79,8 @@ class EpisodeState:
     resume_done: set[str] = field(default_factory=set)
     #: --memeval-shard K/N: ``(K, N)``; the run is of that slice of the seeds
     shard: tuple[int, int] | None = None
+    #: --memeval-decode: ``fast`` (kept caches, episodes stepped together) or ``reference``
+    decode_path: str = "fast"
 
     def ids(self) -> list[str]:
         """Every episode id of the profile, in the order of the spec's seeds."""
@@ -158,6 +162,7 @@ def build_episode_state(config: pytest.Config, name: str) -> EpisodeState | None
             provide_items=bool(wi.get("memeval_provide_items", False)),
             resume_done=set(wi.get("memeval_resume_done", [])),
             shard=_shard_pair(episode.get("shard")),
+            decode_path=str(episode.get("decode", "fast")),
         )
     try:
         profile, overrides = controller_profile(config, name)
@@ -192,7 +197,16 @@ def build_episode_state(config: pytest.Config, name: str) -> EpisodeState | None
         env=env,
         provide_items=covers_project(config),
         shard=shard,
+        decode_path=_decode_path(config),
     )
+
+
+def _decode_path(config: pytest.Config) -> str:
+    """``--memeval-decode`` or the ``memeval_decode`` ini (a usage error when neither path)."""
+    decode = str(config.getoption("memeval_decode") or config.getini("memeval_decode"))
+    if decode not in DECODE_PATHS:
+        raise pytest.UsageError(f"memeval_decode must be one of {DECODE_PATHS}, got {decode!r}")
+    return decode
 
 
 def _select_shard(config: pytest.Config, spec: EnvSpec) -> tuple[int, int] | None:
@@ -217,6 +231,13 @@ def _shard_pair(value: object) -> tuple[int, int] | None:
 
 def _say(line: str) -> None:
     print(line, flush=True)
+
+
+def item_seed(item: pytest.Item) -> int | None:
+    """The seed an episode item runs (``None``: not an episode item)."""
+    callspec = getattr(item, "callspec", None)
+    seed = callspec.params.get(SEED_FIXTURE) if callspec is not None else None
+    return seed if isinstance(seed, int) else None
 
 
 def episode_items(items: list[pytest.Item]) -> list[pytest.Item]:

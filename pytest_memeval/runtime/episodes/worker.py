@@ -18,20 +18,23 @@ from typing import Any
 import pytest
 
 from pytest_memeval.compat.pytest import drop_report_record, set_report_record
+from pytest_memeval.compat.xdist import pending_item_indices
 from pytest_memeval.core.episode_records import (
     EpisodeRecord,
     episode_from_record,
     episode_record,
 )
+from pytest_memeval.decode.fast import FastPolicy
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.env import EpisodeRunner
 from pytest_memeval.model.loading import load_profile_model
 from pytest_memeval.runtime.assertions import WrongAnswer
 from pytest_memeval.runtime.devices import worker_device
-from pytest_memeval.runtime.episodes.items import EpisodeState, env_maker
+from pytest_memeval.runtime.episodes.items import EpisodeState, env_maker, item_seed
 from pytest_memeval.runtime.state import is_worker
 
 __all__ = [
+    "EPISODES_TOGETHER",
     "WORKER_NAME",
     "EnvironmentFailure",
     "EpisodeFailed",
@@ -43,6 +46,8 @@ __all__ = [
 
 WORKER_NAME = "memeval-episode-worker"
 _RECORD_KEY = pytest.StashKey[EpisodeRecord]()
+#: Most episodes one process steps together (the fast path's batch of conversations)
+EPISODES_TOGETHER = 8
 
 
 class EpisodeFailed(WrongAnswer):
@@ -63,38 +68,82 @@ def check_episode(record: EpisodeRecord) -> None:
 
 
 class EpisodeWorker:
-    """This process's policy and environment, and each item's record on its report."""
+    """This process's policy and environment, and each item's record on its report.
+
+    With the fast decode path, the item that finds its episode not yet run runs it together
+    with the next episodes this process is certain to run (up to :data:`EPISODES_TOGETHER`:
+    without xdist the session's next items, under xdist the items already queued on this
+    worker), stepped as one batch by :class:`~pytest_memeval.decode.fast.FastPolicy`; their
+    records wait for their own items. The reference path runs one episode per item.
+    """
 
     def __init__(self, config: pytest.Config, state: EpisodeState) -> None:
         self.config = config
         self.state = state
         self._policy: ModelPolicy | None = None
         self.runner = EpisodeRunner(state.spec, env_maker(config), system=state.profile.system)
+        #: records of episodes run ahead of their items, by seed
+        self._ahead: dict[int, EpisodeRecord] = {}
 
     def policy(self) -> ModelPolicy:
         """The checkpoint as the policy, loaded on first use."""
         if self._policy is None:
             profile = self.state.profile
             loaded = load_profile_model(profile, worker_device(self.config))
-            self._policy = ModelPolicy(loaded, profile.generation.max_new_tokens)
+            max_new = profile.generation.max_new_tokens
+            fast = self.state.decode_path == "fast"
+            self._policy = FastPolicy(loaded, max_new) if fast else ModelPolicy(loaded, max_new)
         return self._policy
 
     def run(self, item: pytest.Item, seed: int) -> EpisodeRecord:
         """The episode of ``seed``, its record attached to ``item``'s report."""
-        episode = self.runner.run(seed, self.policy())
-        record = episode_record(self.state.spec, episode)
+        record = self._ahead.pop(seed, None)
+        if record is None:
+            record = self._run_from(item, seed)
         item.stash[_RECORD_KEY] = record
         # On the item's report: JUnit XML writes them as the test case's <properties>.
+        invalid = sum(1 for step in record["trajectory"] if step["valid"] is False)
         item.user_properties.extend(
             [
                 ("memeval_seed", seed),
                 ("memeval_reason", record["reason"]),
                 ("memeval_steps", record["steps"]),
                 ("memeval_score", record["score"]),
-                ("memeval_invalid_actions", episode.invalid_actions),
+                ("memeval_invalid_actions", invalid),
             ]
         )
         return record
+
+    def _run_from(self, item: pytest.Item, seed: int) -> EpisodeRecord:
+        """Run ``seed``'s episode (with the fast path, together with the next ones)."""
+        policy = self.policy()
+        seeds = [seed]
+        if isinstance(policy, FastPolicy):
+            seeds += self._upcoming(item, seed)[: EPISODES_TOGETHER - 1]
+        if len(seeds) == 1:
+            episodes = [self.runner.run(seed, policy)]
+        else:
+            assert isinstance(policy, FastPolicy)
+            episodes = self.runner.run_together(seeds, policy.decide)
+        records = [episode_record(self.state.spec, episode) for episode in episodes]
+        self._ahead.update(zip(seeds[1:], records[1:], strict=True))
+        return records[0]
+
+    def _upcoming(self, item: pytest.Item, seed: int) -> list[int]:
+        """Seeds of the episode items this process certainly runs after ``item``, in order."""
+        items = item.session.items
+        if is_worker(self.config):
+            indices = pending_item_indices(self.config) or []  # None: nothing known, alone
+            after = [items[i] for i in indices if 0 <= i < len(items)]
+        else:
+            position = next((n for n, it in enumerate(items) if it is item), len(items))
+            after = items[position + 1 :]
+        seeds = []
+        for other in after:
+            s = item_seed(other)
+            if s is not None and s != seed and s not in seeds and s not in self._ahead:
+                seeds.append(s)
+        return seeds
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(

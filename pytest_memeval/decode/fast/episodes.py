@@ -1,0 +1,353 @@
+"""The closed loop's fast policy: each episode's cache kept across steps, its steps batched.
+
+The reference policy (:class:`~pytest_memeval.decode.policy.ModelPolicy`) renders the whole
+conversation at every step and calls ``generate`` on it: an episode of N steps reads
+O(N^2) tokens. A step's prompt, though, begins with the tokens the episode's last step read
+(the conversation only grows: the action, then the next observation), so their keys and
+values are already computed. :class:`FastPolicy` keeps them:
+
+1. **The prompt** is built exactly as the reference builds it
+   (:meth:`ModelPolicy.prompt_ids`: the chat template's rendering, tokenised as the reference
+   tokenises it), and checked against the context limit the same way. The cache is reused
+   only for the longest common prefix of those ids with the ids a kept cache holds, never
+   for tokens the model generated and the template re-encodes differently.
+2. **Extension**: one cached forward pass over the prompt's new tokens but its last (batch
+   1, positions from the kept length) grows the kept cache to the whole prompt but one token.
+3. **Decoding**: the steps of every episode asked at once (:meth:`FastPolicy.decide`) take
+   one batched greedy ``generate`` from those caches (``generate.py``'s call: left padding,
+   each row feeding its prompt's last token), keeping each step's logits.
+4. **The guard**: every decision that shaped an output (up to and including its stop id) must
+   clear the ``generate`` bound (``bounds.py``), set from what this policy measured on its own
+   first steps (the calibration: those steps are also decoded by the reference call, whose
+   output is the one returned, and the disagreement of each step's logits is measured while
+   both agree). An output with a decision inside the bound is decoded again by the reference
+   call itself, as is a step whose cache cannot be kept (not plain full-attention layers) and
+   an episode's first step (no cache yet: the reference call's own prefill is kept instead).
+
+So every action is the reference's unless a decision the bound trusts is one the reference
+computation makes differently, the argument of ``docs/decoding.md`` ("Why one forward pass
+is enough"), and the tests compare whole trajectories in the real simulator, on the demo
+model and on SmolLM2 (``tests/integration/test_fast_closed_loop.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pytest_memeval.compat.transformers import (
+    dynamic_cache,
+    forward_parameters,
+    full_attention_kv,
+    lm_forward,
+)
+from pytest_memeval.decode.batches import even_batches
+from pytest_memeval.decode.fast.bounds import Bounds, Calibration, Disagreement, Kind
+from pytest_memeval.decode.fast.calibration import Measurements, measurement_setting
+from pytest_memeval.decode.fast.generate import GenerateRow, Generator, used_tokens
+from pytest_memeval.decode.fast.kvcache import CacheSlice
+from pytest_memeval.decode.fast.rules import DEFAULT_MAX_BATCH_TOKENS
+from pytest_memeval.decode.fast.shared import Shared
+from pytest_memeval.decode.policy import ModelPolicy
+from pytest_memeval.decode.reference import ReferenceSteps, decode_new_tokens, reference_steps
+from pytest_memeval.env import ContextLimitExceeded, Message, PolicyOutput
+from pytest_memeval.model.loading import LoadedModel
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CALIBRATION_STEPS", "KEPT_CACHES", "ClosedLoopStats", "FastPolicy"]
+
+#: Cached steps a policy also decodes with the reference call to measure its disagreement
+#: before it trusts its own decisions (the returned output of those steps is the reference's).
+CALIBRATION_STEPS = 8
+#: Caches a policy keeps (the most recently used): one per episode under way is enough; the
+#: lockstep runner holds at most this many episodes at once.
+KEPT_CACHES = 16
+
+_Layers = list[tuple["torch.Tensor", "torch.Tensor"]]
+
+
+@dataclass
+class _Kept:
+    """Token ids and the keys and values (batch 1, per layer) of exactly those tokens."""
+
+    ids: tuple[int, ...]
+    layers: _Layers
+    used: int = 0
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    """A kept cache and how many first tokens of a prompt it holds."""
+
+    kept: _Kept
+    length: int
+
+
+@dataclass
+class ClosedLoopStats:
+    """What a :class:`FastPolicy` decided how, and where its time went."""
+
+    #: actions decided (each step of each episode)
+    steps: int = 0
+    #: ... from a kept cache, trusted by the guard
+    cached: int = 0
+    #: ... by the reference call: an episode's first step (nothing kept to continue)
+    first_steps: int = 0
+    #: ... by the reference call while calibrating (the fast computation ran beside it)
+    calibration_steps: int = 0
+    #: ... by the reference call after a decision inside the bound
+    near_tie: int = 0
+    #: ... by the reference call because the cache cannot be kept for this model
+    uncached: int = 0
+    #: prompt tokens read from a kept cache, and read by extension passes
+    reused_tokens: int = 0
+    extended_tokens: int = 0
+    #: batched ``generate`` calls
+    generate_calls: int = 0
+    #: wall-clock seconds: prompts, extension passes, batched generate, reference calls
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("prompts", "extend", "generate", "reference"), 0.0)
+    )
+
+    @property
+    def reference_steps(self) -> int:
+        """Steps whose output came from the reference call."""
+        return self.first_steps + self.calibration_steps + self.near_tie + self.uncached
+
+    def describe(self) -> str:
+        """One line for ``memeval bench``."""
+        return (
+            f"{self.steps} steps: {self.cached} from the kept cache, {self.reference_steps} by "
+            f"the reference call ({self.first_steps} first steps, {self.calibration_steps} "
+            f"calibrating, {self.near_tie} near ties, {self.uncached} without a cache); "
+            f"prompt tokens {self.reused_tokens} reused, {self.extended_tokens} read again"
+        )
+
+
+class FastPolicy(ModelPolicy):
+    """The reference policy's actions, computed from kept caches and in batches (see the
+    module docstring). A :data:`~pytest_memeval.env.Policy` (one conversation at a time) and,
+    through :meth:`decide`, the batch policy of the lockstep runner.
+
+    ``margin``: a fixed bound for every decision (no calibration; ``memeval bench
+    --margin``); ``calibration_steps``: how many cached steps are measured against the
+    reference call first (0: the fixed bounds of ``bounds.MARGINS`` by dtype).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_new_tokens: int,
+        *,
+        context_limit: int | None = None,
+        margin: float | None = None,
+        calibration_steps: int = CALIBRATION_STEPS,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    ) -> None:
+        super().__init__(loaded, max_new_tokens, context_limit=context_limit)
+        device_type = loaded.device.split(":")[0]
+        self.bounds = Bounds(loaded.dtype, device_type, margin=margin)
+        self.generator = Generator(
+            Shared.new(loaded, max_new_tokens, self.bounds), max_batch_tokens=max_batch_tokens
+        )
+        self.max_batch_tokens = max_batch_tokens
+        self.stats = ClosedLoopStats()
+        self._calibration_left = 0 if margin is not None else calibration_steps
+        self._measured = Measurements(loaded.dtype)
+        self._kept: list[_Kept] = []
+        self._clock = 0
+
+    # -- the policy ------------------------------------------------------------------------
+
+    def __call__(self, messages: Sequence[Message]) -> PolicyOutput:
+        decided = self.decide([messages])[0]
+        if isinstance(decided, ContextLimitExceeded):
+            raise decided
+        return decided
+
+    def decide(
+        self, conversations: Sequence[Sequence[Message]]
+    ) -> list[PolicyOutput | ContextLimitExceeded]:
+        """The next action of each conversation, as :class:`ModelPolicy` decides it; a
+        conversation whose prompt no longer fits gets the :class:`ContextLimitExceeded` its
+        call alone would raise."""
+        started = time.perf_counter()
+        prompts = [tuple(self.prompt_ids(m)) for m in conversations]
+        self.stats.seconds["prompts"] += time.perf_counter() - started
+        decided: list[PolicyOutput | ContextLimitExceeded | None] = [None] * len(prompts)
+        contexts: dict[int, CacheSlice] = {}
+        for n, ids in enumerate(prompts):
+            over = self.over_context(ids)
+            if over is not None:
+                decided[n] = over
+                continue
+            self.stats.steps += 1
+            prefix = self._longest_prefix(ids)
+            context = None if prefix is None else self._grown(ids, prefix)
+            if context is not None:
+                contexts[n] = context
+            elif prefix is None:
+                self.stats.first_steps += 1
+                decided[n] = self._reference(ids)
+            else:
+                self.stats.uncached += 1
+                decided[n] = self._reference(ids)
+        order = list(contexts)
+        lengths = [len(prompts[n]) for n in order]
+        for batch in even_batches(lengths, self.generator.rows_per_call, self.max_batch_tokens):
+            rows = [order[k] for k in batch]
+            for n, out in zip(rows, self._generate(rows, prompts, contexts), strict=True):
+                decided[n] = out
+        assert all(d is not None for d in decided)  # every conversation was decided above
+        return [d for d in decided if d is not None]
+
+    # -- the kept caches -------------------------------------------------------------------
+
+    def _longest_prefix(self, ids: tuple[int, ...]) -> _Prefix | None:
+        """The kept cache sharing the most first tokens with ``ids`` (short of its last
+        token, whose logits decide the first output token); ``None`` when none shares one
+        (an episode's first step, unless another episode's system prompt is kept)."""
+        best: _Prefix | None = None
+        for kept in self._kept:
+            limit = min(len(kept.ids), len(ids) - 1)
+            same = 0
+            while same < limit and kept.ids[same] == ids[same]:
+                same += 1
+            if same > 0 and (best is None or same > best.length):
+                best = _Prefix(kept, same)
+        return best
+
+    def _grown(self, ids: tuple[int, ...], prefix: _Prefix) -> CacheSlice | None:
+        """The keys and values of ``ids`` but its last token: the prefix's, grown by an
+        extension pass over the rest (kept for the next step); ``None`` where this model's
+        cache cannot be kept."""
+        self._clock += 1
+        prefix.kept.used = self._clock
+        self.stats.reused_tokens += prefix.length
+        layers = [
+            (k[:, :, : prefix.length], v[:, :, : prefix.length]) for k, v in prefix.kept.layers
+        ]
+        if prefix.length < len(ids) - 1:
+            grown = self._extend(layers, ids[prefix.length : -1], prefix.length)
+            if grown is None:
+                return None
+            layers = grown
+        self._keep(ids[:-1], layers)
+        return CacheSlice(dynamic_cache(layers), 0, 0, len(ids) - 1)
+
+    def _extend(self, layers: _Layers, new: Sequence[int], start: int) -> _Layers | None:
+        """``layers`` (the cache of the first ``start`` tokens) grown by one cached forward
+        pass over ``new``, at positions ``start`` on."""
+        import torch
+
+        started = time.perf_counter()
+        device = self.loaded.device
+        input_ids = torch.tensor([list(new)], dtype=torch.long, device=device)
+        inputs: dict[str, object] = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones((1, start + len(new)), dtype=torch.long, device=device),
+        }
+        params = forward_parameters(self.loaded.model)
+        if params.position_ids:
+            inputs["position_ids"] = torch.arange(start, start + len(new), device=device)[None]
+        if params.logits_to_keep:
+            inputs["logits_to_keep"] = 1  # only the cache is wanted
+        with torch.inference_mode():
+            out = lm_forward(self.loaded.model, inputs, cache=dynamic_cache(layers))
+        grown = full_attention_kv(out.cache)
+        self.stats.extended_tokens += len(new)
+        self.stats.seconds["extend"] += time.perf_counter() - started
+        return grown
+
+    def _keep(self, ids: tuple[int, ...], layers: _Layers) -> None:
+        """Keep ``layers`` as the cache of ``ids`` (dropping the least recently used past
+        :data:`KEPT_CACHES`, and any kept cache of a prefix of ``ids``: this one holds it)."""
+        self._clock += 1
+        self._kept = [k for k in self._kept if k.ids != ids[: len(k.ids)]]
+        self._kept.append(_Kept(ids, layers, self._clock))
+        if len(self._kept) > KEPT_CACHES:
+            self._kept.sort(key=lambda k: k.used)
+            del self._kept[0]
+
+    # -- decoding --------------------------------------------------------------------------
+
+    def _generate(
+        self,
+        rows: Sequence[int],
+        prompts: Sequence[tuple[int, ...]],
+        contexts: dict[int, CacheSlice],
+    ) -> list[PolicyOutput]:
+        """One batched ``generate`` from the rows' caches; each output trusted, measured
+        (calibrating) or decoded again by the reference call."""
+        started = time.perf_counter()
+        call = self.generator.run([GenerateRow(contexts[n], prompts[n], 0) for n in rows])
+        self.stats.seconds["generate"] += time.perf_counter() - started
+        if call is None:  # the cache cannot be cut: no kept cache for this model
+            self.stats.uncached += len(rows)
+            return [self._reference(prompts[n]) for n in rows]
+        self.stats.generate_calls += 1
+        outputs = []
+        for r, (n, new, checks) in enumerate(zip(rows, call.tokens, call.checks(), strict=True)):
+            used = used_tokens(new[: self.max_new_tokens], self.generator.stop)
+            if self._calibration_left > 0:
+                self._calibration_left -= 1
+                self.stats.calibration_steps += 1
+                reference = self._reference_steps(prompts[n])
+                self._measure(call.logits_of(r), new, reference)
+                outputs.append(self._output(reference.tokens))
+                if self._calibration_left == 0:
+                    self._calibrated()
+            elif all(
+                self.bounds.trusted("generate", checks.margin[k], checks.top[k])
+                for k in range(len(used))
+            ):
+                self.stats.cached += 1
+                outputs.append(self._output(used))
+            else:
+                self.stats.near_tie += 1
+                outputs.append(self._output(self._reference_steps(prompts[n]).tokens))
+        return outputs
+
+    def _measure(
+        self, fast: torch.Tensor, tokens: Sequence[int], reference: ReferenceSteps
+    ) -> None:
+        """Each step's logits of both computations while their tokens so far agree."""
+        for j, (a, b) in enumerate(zip(fast, reference.logits, strict=False)):
+            if list(tokens[:j]) != reference.tokens[:j]:
+                break
+            self._measured.add("generate", a, b)
+
+    def _calibrated(self) -> None:
+        """The bounds from this policy's measurements (``generate``: cached, batched
+        generation vs the reference call on the same prompts)."""
+        setting = measurement_setting(
+            self.loaded,
+            None,
+            batch_size=self.generator.rows_per_call,
+            max_batch_tokens=self.max_batch_tokens,
+            max_new_tokens=self.max_new_tokens,
+            turns=self.stats.calibration_steps,
+        )
+        measured: dict[Kind, Disagreement] = {"generate": self._measured.disagreement()["generate"]}
+        self.bounds.use(Calibration(setting, self.stats.calibration_steps, measured))
+
+    def _reference(self, ids: tuple[int, ...]) -> PolicyOutput:
+        """The reference call's output on ``ids`` (its prompt's cache kept)."""
+        return self._output(self._reference_steps(ids).tokens)
+
+    def _reference_steps(self, ids: tuple[int, ...]) -> ReferenceSteps:
+        """The reference call, keeping its prompt's cache (its own bits) for the next step."""
+        started = time.perf_counter()
+        call = reference_steps(self.loaded, ids, self.max_new_tokens, keep_prompt_cache=True)
+        if call.prompt_cache is not None:
+            self._keep(ids, list(call.prompt_cache))
+        self.stats.seconds["reference"] += time.perf_counter() - started
+        return call
+
+    def _output(self, tokens: Sequence[int]) -> PolicyOutput:
+        out = decode_new_tokens(self.loaded, tokens)
+        return PolicyOutput(out.text, truncated=not out.stopped)
