@@ -6,8 +6,8 @@ shards merged must equal (shard 1 in a single process, shard 2 under xdist: the 
 the controller's shard, then ``memeval merge``, then a ``-k`` subset written under
 ``subsets/<time>/`` that leaves the finished run at the top alone and is resumed to a finished
 run promoted to the top), and the serial run (fast path) whose trajectories a ``-n 2`` run
-of the same checkpoint on the reference path must give again. Each pytest run costs tens of CPU-seconds (a model load, a JVM):
-sharing the serial run saves one.
+of the same checkpoint on the reference path must give again. Each pytest run costs tens of
+CPU-seconds (a model load, a JVM): sharing the serial run saves one.
 """
 
 from __future__ import annotations
