@@ -78,7 +78,7 @@ from pytest_memeval.decode.fast.decoder import (
     DEFAULT_MAX_BATCH_TOKENS,
     FastDecoder,
 )
-from pytest_memeval.decode.fast.episodes import CALIBRATION_STEPS, ClosedLoopStats, FastPolicy
+from pytest_memeval.decode.fast.episodes import CALIBRATION_STEPS, FastPolicy
 from pytest_memeval.decode.fast.exact import ExactStage
 from pytest_memeval.decode.fast.generate import GENERATE_LOGITS_BYTES, GENERATE_ROWS
 from pytest_memeval.decode.fast.kvcache import CacheSlice
@@ -94,7 +94,7 @@ from pytest_memeval.decode.fast.rules import (
     device_kind,
 )
 from pytest_memeval.decode.fast.shared import Shared
-from pytest_memeval.decode.fast.stats import DecodeStats, StageSeconds
+from pytest_memeval.decode.fast.stats import ClosedLoopStats, DecodeStats, StageSeconds
 from pytest_memeval.decode.fast.stored import (
     STORE_FORMAT,
     CalibrationCacheWarning,

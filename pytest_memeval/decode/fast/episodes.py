@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_memeval.compat.attention import switched_attention
 from pytest_memeval.compat.transformers import (
     dynamic_cache,
     forward_parameters,
@@ -46,10 +47,12 @@ from pytest_memeval.compat.transformers import (
 from pytest_memeval.decode.batches import even_batches
 from pytest_memeval.decode.fast.bounds import Bounds, Calibration, Disagreement, Kind
 from pytest_memeval.decode.fast.calibration import Measurements, measurement_setting
+from pytest_memeval.decode.fast.forward import forward_attention_for
 from pytest_memeval.decode.fast.generate import GenerateRow, Generator, used_tokens
-from pytest_memeval.decode.fast.kvcache import CacheSlice
+from pytest_memeval.decode.fast.kvcache import CacheSlice, left_padded_cache
 from pytest_memeval.decode.fast.rules import DEFAULT_MAX_BATCH_TOKENS
 from pytest_memeval.decode.fast.shared import Shared
+from pytest_memeval.decode.fast.stats import ClosedLoopStats
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.decode.reference import ReferenceSteps, decode_new_tokens, reference_steps
 from pytest_memeval.env import ContextLimitExceeded, Message, PolicyOutput
@@ -58,7 +61,7 @@ from pytest_memeval.model.loading import LoadedModel
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CALIBRATION_STEPS", "KEPT_CACHES", "ClosedLoopStats", "FastPolicy"]
+__all__ = ["CALIBRATION_STEPS", "KEPT_CACHES", "FastPolicy"]
 
 #: Cached steps a policy also decodes with the reference call to measure its disagreement
 #: before it trusts its own decisions (the returned output of those steps is the reference's).
@@ -87,45 +90,14 @@ class _Prefix:
     length: int
 
 
-@dataclass
-class ClosedLoopStats:
-    """What a :class:`FastPolicy` decided how, and where its time went."""
+@dataclass(frozen=True)
+class _Growth:
+    """A prompt's cache to grow: the keys and values of its first ``start`` tokens, and the
+    ``new`` tokens after them (all but the prompt's last)."""
 
-    #: actions decided (each step of each episode)
-    steps: int = 0
-    #: ... from a kept cache, trusted by the guard
-    cached: int = 0
-    #: ... by the reference call: an episode's first step (nothing kept to continue)
-    first_steps: int = 0
-    #: ... by the reference call while calibrating (the fast computation ran beside it)
-    calibration_steps: int = 0
-    #: ... by the reference call after a decision inside the bound
-    near_tie: int = 0
-    #: ... by the reference call because the cache cannot be kept for this model
-    uncached: int = 0
-    #: prompt tokens read from a kept cache, and read by extension passes
-    reused_tokens: int = 0
-    extended_tokens: int = 0
-    #: batched ``generate`` calls
-    generate_calls: int = 0
-    #: wall-clock seconds: prompts, extension passes, batched generate, reference calls
-    seconds: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(("prompts", "extend", "generate", "reference"), 0.0)
-    )
-
-    @property
-    def reference_steps(self) -> int:
-        """Steps whose output came from the reference call."""
-        return self.first_steps + self.calibration_steps + self.near_tie + self.uncached
-
-    def describe(self) -> str:
-        """One line for ``memeval bench``."""
-        return (
-            f"{self.steps} steps: {self.cached} from the kept cache, {self.reference_steps} by "
-            f"the reference call ({self.first_steps} first steps, {self.calibration_steps} "
-            f"calibrating, {self.near_tie} near ties, {self.uncached} without a cache); "
-            f"prompt tokens {self.reused_tokens} reused, {self.extended_tokens} read again"
-        )
+    layers: _Layers
+    new: tuple[int, ...]
+    start: int
 
 
 class FastPolicy(ModelPolicy):
@@ -155,6 +127,9 @@ class FastPolicy(ModelPolicy):
             Shared.new(loaded, max_new_tokens, self.bounds), max_batch_tokens=max_batch_tokens
         )
         self.max_batch_tokens = max_batch_tokens
+        #: the attention implementation of the cached computations (``None``: the model's);
+        #: the reference calls keep the model's own
+        self.attention = forward_attention_for(loaded, "auto")
         self.stats = ClosedLoopStats()
         self._calibration_left = 0 if margin is not None else calibration_steps
         self._measured = Measurements(loaded.dtype)
@@ -179,7 +154,7 @@ class FastPolicy(ModelPolicy):
         prompts = [tuple(self.prompt_ids(m)) for m in conversations]
         self.stats.seconds["prompts"] += time.perf_counter() - started
         decided: list[PolicyOutput | ContextLimitExceeded | None] = [None] * len(prompts)
-        contexts: dict[int, CacheSlice] = {}
+        prefixes: dict[int, _Prefix] = {}
         for n, ids in enumerate(prompts):
             over = self.over_context(ids)
             if over is not None:
@@ -187,15 +162,16 @@ class FastPolicy(ModelPolicy):
                 continue
             self.stats.steps += 1
             prefix = self._longest_prefix(ids)
-            context = None if prefix is None else self._grown(ids, prefix)
-            if context is not None:
-                contexts[n] = context
-            elif prefix is None:
+            if prefix is None:
                 self.stats.first_steps += 1
                 decided[n] = self._reference(ids)
             else:
+                prefixes[n] = prefix
+        contexts = self._grow(prompts, prefixes)
+        for n in prefixes:
+            if n not in contexts:
                 self.stats.uncached += 1
-                decided[n] = self._reference(ids)
+                decided[n] = self._reference(prompts[n])
         order = list(contexts)
         lengths = [len(prompts[n]) for n in order]
         for batch in even_batches(lengths, self.generator.rows_per_call, self.max_batch_tokens):
@@ -221,47 +197,87 @@ class FastPolicy(ModelPolicy):
                 best = _Prefix(kept, same)
         return best
 
-    def _grown(self, ids: tuple[int, ...], prefix: _Prefix) -> CacheSlice | None:
-        """The keys and values of ``ids`` but its last token: the prefix's, grown by an
-        extension pass over the rest (kept for the next step); ``None`` where this model's
-        cache cannot be kept."""
-        self._clock += 1
-        prefix.kept.used = self._clock
-        self.stats.reused_tokens += prefix.length
-        layers = [
-            (k[:, :, : prefix.length], v[:, :, : prefix.length]) for k, v in prefix.kept.layers
-        ]
-        if prefix.length < len(ids) - 1:
-            grown = self._extend(layers, ids[prefix.length : -1], prefix.length)
-            if grown is None:
-                return None
-            layers = grown
-        self._keep(ids[:-1], layers)
-        return CacheSlice(dynamic_cache(layers), 0, 0, len(ids) - 1)
+    def _grow(
+        self, prompts: Sequence[tuple[int, ...]], prefixes: dict[int, _Prefix]
+    ) -> dict[int, CacheSlice]:
+        """For each prompt ``n`` of ``prefixes``, the keys and values of all its tokens but
+        the last: its prefix's, grown by batched extension passes over the rest (and kept
+        for the next step). A prompt missing from the result has no cache this model can
+        keep (it goes to the reference call)."""
+        layers_of: dict[int, _Layers] = {}
+        growths: dict[int, _Growth] = {}
+        for n, prefix in prefixes.items():
+            self._clock += 1
+            prefix.kept.used = self._clock
+            self.stats.reused_tokens += prefix.length
+            cut = [
+                (k[:, :, : prefix.length], v[:, :, : prefix.length]) for k, v in prefix.kept.layers
+            ]
+            ids = prompts[n]
+            if prefix.length == len(ids) - 1:
+                layers_of[n] = cut
+            else:
+                growths[n] = _Growth(cut, ids[prefix.length : -1], prefix.length)
+        order = list(growths)
+        lengths = [len(prompts[n]) for n in order]
+        for batch in even_batches(lengths, self.generator.rows_per_call, self.max_batch_tokens):
+            rows = [order[k] for k in batch]
+            grown = self._extend([growths[n] for n in rows])
+            if grown is not None:
+                layers_of.update(zip(rows, grown, strict=True))
+        contexts = {}
+        for n in prefixes:
+            if n in layers_of:
+                self._keep(prompts[n][:-1], layers_of[n])
+                contexts[n] = CacheSlice(dynamic_cache(layers_of[n]), 0, 0, len(prompts[n]) - 1)
+        return contexts
 
-    def _extend(self, layers: _Layers, new: Sequence[int], start: int) -> _Layers | None:
-        """``layers`` (the cache of the first ``start`` tokens) grown by one cached forward
-        pass over ``new``, at positions ``start`` on."""
+    def _extend(self, growths: Sequence[_Growth]) -> list[_Layers] | None:
+        """Each growth's cache grown by its new tokens, in one cached forward pass over all
+        of them (the caches left-padded, the new tokens right-padded, positions from each
+        row's own length: the verification pass's cut computation); ``None`` where the
+        caches cannot be cut."""
         import torch
 
         started = time.perf_counter()
+        prefix = left_padded_cache(
+            [CacheSlice(dynamic_cache(g.layers), 0, 0, g.start) for g in growths]
+        )
+        if prefix is None:
+            return None
+        width = max(g.start for g in growths)
+        span = max(len(g.new) for g in growths)
+        input_ids = torch.full((len(growths), span), self.loaded.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(growths), width + span), dtype=torch.long)
+        positions = torch.zeros((len(growths), span), dtype=torch.long)
+        for r, g in enumerate(growths):
+            input_ids[r, : len(g.new)] = torch.tensor(g.new, dtype=torch.long)
+            mask[r, width - g.start : width + len(g.new)] = 1
+            # Padding after the new tokens gets the next positions: masked, never attended to.
+            positions[r] = torch.arange(g.start, g.start + span)
         device = self.loaded.device
-        input_ids = torch.tensor([list(new)], dtype=torch.long, device=device)
         inputs: dict[str, object] = {
-            "input_ids": input_ids,
-            "attention_mask": torch.ones((1, start + len(new)), dtype=torch.long, device=device),
+            "input_ids": input_ids.to(device),
+            "attention_mask": mask.to(device),
         }
         params = forward_parameters(self.loaded.model)
         if params.position_ids:
-            inputs["position_ids"] = torch.arange(start, start + len(new), device=device)[None]
+            inputs["position_ids"] = positions.to(device)
         if params.logits_to_keep:
             inputs["logits_to_keep"] = 1  # only the cache is wanted
-        with torch.inference_mode():
-            out = lm_forward(self.loaded.model, inputs, cache=dynamic_cache(layers))
-        grown = full_attention_kv(out.cache)
-        self.stats.extended_tokens += len(new)
+        with torch.inference_mode(), switched_attention(self.loaded.model, self.attention):
+            out = lm_forward(self.loaded.model, inputs, cache=prefix)
+        layers = full_attention_kv(out.cache)
+        self.stats.extended_tokens += sum(len(g.new) for g in growths)
+        self.stats.extend_passes += 1
         self.stats.seconds["extend"] += time.perf_counter() - started
-        return grown
+        if layers is None:
+            return None
+        rows = []
+        for r, g in enumerate(growths):
+            own = slice(width - g.start, width + len(g.new))  # its cache, then its new tokens
+            rows.append([(k[r : r + 1, :, own], v[r : r + 1, :, own]) for k, v in layers])
+        return rows
 
     def _keep(self, ids: tuple[int, ...], layers: _Layers) -> None:
         """Keep ``layers`` as the cache of ``ids`` (dropping the least recently used past
@@ -284,7 +300,8 @@ class FastPolicy(ModelPolicy):
         """One batched ``generate`` from the rows' caches; each output trusted, measured
         (calibrating) or decoded again by the reference call."""
         started = time.perf_counter()
-        call = self.generator.run([GenerateRow(contexts[n], prompts[n], 0) for n in rows])
+        with switched_attention(self.loaded.model, self.attention):
+            call = self.generator.run([GenerateRow(contexts[n], prompts[n], 0) for n in rows])
         self.stats.seconds["generate"] += time.perf_counter() - started
         if call is None:  # the cache cannot be cut: no kept cache for this model
             self.stats.uncached += len(rows)
@@ -326,7 +343,7 @@ class FastPolicy(ModelPolicy):
         generation vs the reference call on the same prompts)."""
         setting = measurement_setting(
             self.loaded,
-            None,
+            self.attention,
             batch_size=self.generator.rows_per_call,
             max_batch_tokens=self.max_batch_tokens,
             max_new_tokens=self.max_new_tokens,

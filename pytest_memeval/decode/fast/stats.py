@@ -7,9 +7,9 @@ fields only; the sections below say which.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["DecodeStats", "StageSeconds"]
+__all__ = ["ClosedLoopStats", "DecodeStats", "StageSeconds"]
 
 
 @dataclass
@@ -122,3 +122,46 @@ class StageSeconds:
     generate: float = 0.0
     #: the exact stage (its prefills and batched steps), outside the calibration
     exact: float = 0.0
+
+
+@dataclass
+class ClosedLoopStats:
+    """What a :class:`~pytest_memeval.decode.fast.FastPolicy` (the closed loop's policy)
+    decided how, and where its time went."""
+
+    #: actions decided (each step of each episode)
+    steps: int = 0
+    #: ... from a kept cache, trusted by the guard
+    cached: int = 0
+    #: ... by the reference call: an episode's first step (nothing kept to continue)
+    first_steps: int = 0
+    #: ... by the reference call while calibrating (the fast computation ran beside it)
+    calibration_steps: int = 0
+    #: ... by the reference call after a decision inside the bound
+    near_tie: int = 0
+    #: ... by the reference call because the cache cannot be kept for this model
+    uncached: int = 0
+    #: prompt tokens read from a kept cache, and read by extension passes
+    reused_tokens: int = 0
+    extended_tokens: int = 0
+    #: batched extension passes and ``generate`` calls
+    extend_passes: int = 0
+    generate_calls: int = 0
+    #: wall-clock seconds: prompts, extension passes, batched generate, reference calls
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("prompts", "extend", "generate", "reference"), 0.0)
+    )
+
+    @property
+    def reference_steps(self) -> int:
+        """Steps whose output came from the reference call."""
+        return self.first_steps + self.calibration_steps + self.near_tie + self.uncached
+
+    def describe(self) -> str:
+        """One line for ``memeval bench``."""
+        return (
+            f"{self.steps} steps: {self.cached} from the kept cache, {self.reference_steps} by "
+            f"the reference call ({self.first_steps} first steps, {self.calibration_steps} "
+            f"calibrating, {self.near_tie} near ties, {self.uncached} without a cache); "
+            f"prompt tokens {self.reused_tokens} reused, {self.extended_tokens} read again"
+        )
