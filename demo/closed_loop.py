@@ -68,7 +68,7 @@ def main() -> None:
     policy = ModelPolicy(loaded, args.max_new_tokens)
     loaded_at = time.perf_counter()
     if args.compare:
-        raise SystemExit(_compare(spec, loaded, args))
+        raise SystemExit(_compare(spec, loaded, policy, args))
     env = make_env(spec)
     try:
         episodes = []
@@ -101,12 +101,14 @@ def main() -> None:
         args.out.write_text(json.dumps(plain, indent=1) + "\n", encoding="utf-8")
 
 
-def _compare(spec: EnvSpec, loaded: LoadedModel, args: argparse.Namespace) -> int:
+def _compare(
+    spec: EnvSpec, loaded: LoadedModel, reference_policy: ModelPolicy, args: argparse.Namespace
+) -> int:
     """The reference policy one episode at a time, then the fast policy with every episode
     stepped together, in the same environments: both times, the ratio, identical or not."""
     with EpisodeRunner(spec, system=args.system) as runner:
         started = time.perf_counter()
-        reference = [runner.run(s, ModelPolicy(loaded, args.max_new_tokens)) for s in spec.seeds]
+        reference = [runner.run(seed, reference_policy) for seed in spec.seeds]
         reference_s = time.perf_counter() - started
         fast = FastPolicy(loaded, args.max_new_tokens)
         started = time.perf_counter()

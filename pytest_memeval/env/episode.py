@@ -201,28 +201,34 @@ def run_episode(
     over ``step_timeout_s`` seconds (``None``: no timeout). An exception of the policy's
     other than that one propagates: it is the model side's error, not an episode's end.
     """
+
+    def decide(
+        conversations: Sequence[Sequence[Message]],
+    ) -> list[str | PolicyOutput | ContextLimitExceeded]:
+        return [_answer(policy, messages) for messages in conversations]
+
+    # One episode is a batch of one: the one loop, for both.
+    return run_episodes(
+        [env],
+        [seed],
+        decide,
+        max_steps,
+        system=system,
+        invalid_action_limit=invalid_action_limit,
+        step_timeout_s=step_timeout_s,
+        options=options,
+    )[0]
+
+
+def _answer(
+    policy: Policy, messages: Sequence[Message]
+) -> str | PolicyOutput | ContextLimitExceeded:
+    """``policy``'s action, or the :class:`ContextLimitExceeded` it raised (any other
+    exception propagates: the model side's error, not an episode's end)."""
     try:
-        observation, info = _reset_result(
-            _timed(lambda: env.reset(seed, options), step_timeout_s, "reset")
-        )
-    except Exception as exc:
-        return Episode(seed, TerminationReason.ENV_ERROR, (), "", (), 0.0, _describe(exc))
-    system_text = system if system is not None else (info.task_description or "")
-    run = _Run(seed, observation, system_text, info)
-    for _ in range(max_steps):
-        try:
-            output = policy(tuple(run.messages))
-        except ContextLimitExceeded:
-            return run.end(TerminationReason.CONTEXT_LIMIT)
-        text, truncated = _action(output)
-        try:
-            result = _step_result(_timed(functools.partial(env.step, text), step_timeout_s, "step"))
-        except Exception as exc:
-            return run.end(TerminationReason.ENV_ERROR, _describe(exc))
-        reason = run.record(text, truncated, result, invalid_action_limit)
-        if reason is not None:
-            return run.end(reason)
-    return run.end(TerminationReason.STEP_LIMIT)
+        return policy(tuple(messages))
+    except ContextLimitExceeded as exc:
+        return exc
 
 
 def run_episodes(
@@ -240,9 +246,10 @@ def run_episodes(
     still under way hand their conversations to ``decide`` in one call (a batched policy),
     then each sends its action to its own environment.
 
-    Each episode is the one :func:`run_episode` runs with the same arguments and a policy
-    that answers as ``decide`` does: the episodes share nothing but the call, and each ends
-    for its own reason, the others going on without it.
+    The episodes share nothing but the call: each ends for its own reason (as
+    :func:`run_episode` lists them; ``decide`` answers a conversation that no longer fits
+    with the :class:`ContextLimitExceeded` instead of raising it), the others going on
+    without it. :func:`run_episode` is this with one episode.
     """
     if len(envs) != len(seeds):
         raise ValueError(f"{len(seeds)} seeds need as many environments, not {len(envs)}")

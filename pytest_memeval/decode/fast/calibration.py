@@ -178,6 +178,21 @@ class Measurements:
         units = torch.exp2(torch.floor(torch.log2(magnitude)) - self.bits)
         self.ulps[kind].append(float((delta / units).max()))
 
+    def add_agreeing(
+        self,
+        kind: Kind,
+        fast: torch.Tensor,
+        fast_tokens: Sequence[int],
+        reference: ReferenceSteps,
+    ) -> None:
+        """Record each generation step of a fast computation (``fast``: steps x
+        vocabulary) against the reference call's same step, while both have produced the
+        same tokens so far (after a difference the two steps read different inputs)."""
+        for j, (a, b) in enumerate(zip(fast, reference.logits, strict=False)):
+            if list(fast_tokens[:j]) != reference.tokens[:j]:
+                break
+            self.add(kind, a, b)
+
     def disagreement(self) -> dict[Kind, Disagreement]:
         return {k: Disagreement(tuple(self.absolute[k]), tuple(self.ulps[k])) for k in KINDS}
 
@@ -307,12 +322,7 @@ class Calibrator(Stage):
         if call is None:
             return
         for r, sample in enumerate(samples):
-            reference = sample.reference
-            fast_tokens, fast_steps = call.tokens[r], call.logits_of(r)
-            for j, (a, b) in enumerate(zip(fast_steps, reference.logits, strict=False)):
-                if reference.tokens[:j] != fast_tokens[:j]:
-                    break
-                measured.add("generate", a, b)
+            measured.add_agreeing("generate", call.logits_of(r), call.tokens[r], sample.reference)
 
     def _row_steps(
         self, measured: Measurements, samples: Sequence[_Sample], mode: ExactMode

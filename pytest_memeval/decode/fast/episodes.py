@@ -49,10 +49,11 @@ from pytest_memeval.decode.fast.bounds import Bounds, Calibration, Disagreement,
 from pytest_memeval.decode.fast.calibration import Measurements, measurement_setting
 from pytest_memeval.decode.fast.forward import forward_attention_for
 from pytest_memeval.decode.fast.generate import GenerateRow, Generator, used_tokens
-from pytest_memeval.decode.fast.kvcache import CacheSlice, left_padded_cache
+from pytest_memeval.decode.fast.kvcache import CacheSlice, cut_inputs
 from pytest_memeval.decode.fast.rules import DEFAULT_MAX_BATCH_TOKENS
 from pytest_memeval.decode.fast.shared import Shared
 from pytest_memeval.decode.fast.stats import ClosedLoopStats
+from pytest_memeval.decode.fast.verify import Continuation
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.decode.reference import ReferenceSteps, decode_new_tokens, reference_steps
 from pytest_memeval.env import ContextLimitExceeded, Message, PolicyOutput
@@ -88,16 +89,6 @@ class _Prefix:
 
     kept: _Kept
     length: int
-
-
-@dataclass(frozen=True)
-class _Growth:
-    """A prompt's cache to grow: the keys and values of its first ``start`` tokens, and the
-    ``new`` tokens after them (all but the prompt's last)."""
-
-    layers: _Layers
-    new: tuple[int, ...]
-    start: int
 
 
 class FastPolicy(ModelPolicy):
@@ -205,7 +196,7 @@ class FastPolicy(ModelPolicy):
         for the next step). A prompt missing from the result has no cache this model can
         keep (it goes to the reference call)."""
         layers_of: dict[int, _Layers] = {}
-        growths: dict[int, _Growth] = {}
+        growths: dict[int, Continuation] = {}
         for n, prefix in prefixes.items():
             self._clock += 1
             prefix.kept.used = self._clock
@@ -217,7 +208,8 @@ class FastPolicy(ModelPolicy):
             if prefix.length == len(ids) - 1:
                 layers_of[n] = cut
             else:
-                growths[n] = _Growth(cut, ids[prefix.length : -1], prefix.length)
+                context = CacheSlice(dynamic_cache(cut), 0, 0, prefix.length)
+                growths[n] = Continuation(context, ids[prefix.length : -1])
         order = list(growths)
         lengths = [len(prompts[n]) for n in order]
         for batch in even_batches(lengths, self.generator.rows_per_call, self.max_batch_tokens):
@@ -232,50 +224,39 @@ class FastPolicy(ModelPolicy):
                 contexts[n] = CacheSlice(dynamic_cache(layers_of[n]), 0, 0, len(prompts[n]) - 1)
         return contexts
 
-    def _extend(self, growths: Sequence[_Growth]) -> list[_Layers] | None:
-        """Each growth's cache grown by its new tokens, in one cached forward pass over all
-        of them (the caches left-padded, the new tokens right-padded, positions from each
-        row's own length: the verification pass's cut computation); ``None`` where the
-        caches cannot be cut."""
+    def _extend(self, growths: Sequence[Continuation]) -> list[_Layers] | None:
+        """Each context grown by its tokens, in one cached forward pass over all of them
+        (the verification pass's cut computation: ``kvcache.cut_inputs``), keeping only
+        the cache; ``None`` where the caches cannot be cut."""
         import torch
 
         started = time.perf_counter()
-        prefix = left_padded_cache(
-            [CacheSlice(dynamic_cache(g.layers), 0, 0, g.start) for g in growths]
-        )
-        if prefix is None:
+        contexts = [g.context for g in growths]
+        cut = cut_inputs(contexts, [g.tokens for g in growths], self.loaded.pad_id)
+        if cut is None:
             return None
-        width = max(g.start for g in growths)
-        span = max(len(g.new) for g in growths)
-        input_ids = torch.full((len(growths), span), self.loaded.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(growths), width + span), dtype=torch.long)
-        positions = torch.zeros((len(growths), span), dtype=torch.long)
-        for r, g in enumerate(growths):
-            input_ids[r, : len(g.new)] = torch.tensor(g.new, dtype=torch.long)
-            mask[r, width - g.start : width + len(g.new)] = 1
-            # Padding after the new tokens gets the next positions: masked, never attended to.
-            positions[r] = torch.arange(g.start, g.start + span)
         device = self.loaded.device
         inputs: dict[str, object] = {
-            "input_ids": input_ids.to(device),
-            "attention_mask": mask.to(device),
+            "input_ids": cut.input_ids.to(device),
+            "attention_mask": cut.attention_mask.to(device),
         }
         params = forward_parameters(self.loaded.model)
         if params.position_ids:
-            inputs["position_ids"] = positions.to(device)
+            inputs["position_ids"] = cut.position_ids.to(device)
         if params.logits_to_keep:
             inputs["logits_to_keep"] = 1  # only the cache is wanted
         with torch.inference_mode(), switched_attention(self.loaded.model, self.attention):
-            out = lm_forward(self.loaded.model, inputs, cache=prefix)
+            out = lm_forward(self.loaded.model, inputs, cache=cut.cache)
         layers = full_attention_kv(out.cache)
-        self.stats.extended_tokens += sum(len(g.new) for g in growths)
+        self.stats.extended_tokens += sum(len(g.tokens) for g in growths)
         self.stats.extend_passes += 1
         self.stats.seconds["extend"] += time.perf_counter() - started
         if layers is None:
             return None
         rows = []
         for r, g in enumerate(growths):
-            own = slice(width - g.start, width + len(g.new))  # its cache, then its new tokens
+            # its cache, then its new tokens
+            own = slice(cut.width - g.context.length, cut.width + len(g.tokens))
             rows.append([(k[r : r + 1, :, own], v[r : r + 1, :, own]) for k, v in layers])
         return rows
 
@@ -314,7 +295,7 @@ class FastPolicy(ModelPolicy):
                 self._calibration_left -= 1
                 self.stats.calibration_steps += 1
                 reference = self._reference_steps(prompts[n])
-                self._measure(call.logits_of(r), new, reference)
+                self._measured.add_agreeing("generate", call.logits_of(r), new, reference)
                 outputs.append(self._output(reference.tokens))
                 if self._calibration_left == 0:
                     self._calibrated()
@@ -328,15 +309,6 @@ class FastPolicy(ModelPolicy):
                 self.stats.near_tie += 1
                 outputs.append(self._output(self._reference_steps(prompts[n]).tokens))
         return outputs
-
-    def _measure(
-        self, fast: torch.Tensor, tokens: Sequence[int], reference: ReferenceSteps
-    ) -> None:
-        """Each step's logits of both computations while their tokens so far agree."""
-        for j, (a, b) in enumerate(zip(fast, reference.logits, strict=False)):
-            if list(tokens[:j]) != reference.tokens[:j]:
-                break
-            self._measured.add("generate", a, b)
 
     def _calibrated(self) -> None:
         """The bounds from this policy's measurements (``generate``: cached, batched

@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CacheSlice",
+    "CutInputs",
     "FlatRows",
     "PackedRows",
     "PackedSource",
+    "cut_inputs",
     "flatten",
     "left_padded_cache",
     "pack",
@@ -93,6 +95,45 @@ def left_padded_cache(slices: Sequence[CacheSlice]) -> KVCache | None:
             v[r, :, width - piece.length :] = row_values[piece.row, :, span]
         data.append((k, v))
     return dynamic_cache(data)
+
+
+@dataclass(frozen=True)
+class CutInputs:
+    """A cut pass's inputs: the contexts copied into one left-padded cache (:attr:`width`
+    columns; row ``r``'s starts at ``width - contexts[r].length``), each row's tokens from
+    column 0 on (right padding after them), the mask hiding both paddings, and each row's
+    positions continuing from its own length, as ``generate`` numbers them."""
+
+    cache: KVCache
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    width: int
+
+
+def cut_inputs(
+    contexts: Sequence[CacheSlice], tokens: Sequence[Sequence[int]], pad_id: int
+) -> CutInputs | None:
+    """The inputs of one cached forward pass continuing each context with its tokens
+    (:class:`CutInputs`, on the CPU); ``None`` when the caches cannot be cut."""
+    # Deferred: torch takes seconds to import; only a model run needs it.
+    import torch
+
+    prefix = left_padded_cache(contexts)
+    if prefix is None:
+        return None
+    width = max(c.length for c in contexts)
+    span = max(len(t) for t in tokens)
+    input_ids = torch.full((len(contexts), span), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(contexts), width + span), dtype=torch.long)
+    positions = torch.zeros((len(contexts), span), dtype=torch.long)
+    for r, (context, fed) in enumerate(zip(contexts, tokens, strict=True)):
+        cut = context.length
+        input_ids[r, : len(fed)] = torch.tensor(list(fed), dtype=torch.long)
+        mask[r, width - cut : width + len(fed)] = 1
+        # Padding after the fed tokens gets the next positions: masked, never attended to.
+        positions[r] = torch.arange(cut, cut + span)
+    return CutInputs(prefix, input_ids, mask, positions, width)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from pytest_memeval.decode.fast.forward import PendingTurn, ProvenOutputs
 from pytest_memeval.decode.fast.kvcache import (
     CacheSlice,
     PackedSource,
+    cut_inputs,
     flatten,
-    left_padded_cache,
     pack,
     packed_source,
 )
@@ -306,33 +306,22 @@ class Verifier(Stage):
 
         if not self.can_verify:
             return None
-        prefix = left_padded_cache([c.context for c in rows])
-        if prefix is None:
+        cut = cut_inputs([c.context for c in rows], [c.tokens for c in rows], self.loaded.pad_id)
+        if cut is None:
             return None
         self.stats.verify_passes += 1
-        width = max(c.context.length for c in rows)
-        span = max(len(c.tokens) for c in rows)
-        input_ids = torch.full((len(rows), span), self.loaded.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width + span), dtype=torch.long)
-        positions = torch.zeros((len(rows), span), dtype=torch.long)
-        for r, c in enumerate(rows):
-            cut = c.context.length
-            input_ids[r, : len(c.tokens)] = torch.tensor(c.tokens, dtype=torch.long)
-            mask[r, width - cut : width + len(c.tokens)] = 1
-            # Padding after the fed tokens gets the next positions: masked, never attended to.
-            positions[r] = torch.arange(cut, cut + span)
         device = self.loaded.device
         with torch.inference_mode():
             inputs = {
-                "input_ids": input_ids.to(device),
-                "attention_mask": mask.to(device),
-                "position_ids": positions.to(device),
+                "input_ids": cut.input_ids.to(device),
+                "attention_mask": cut.attention_mask.to(device),
+                "position_ids": cut.position_ids.to(device),
             }
-            out = lm_forward(self.loaded.model, inputs, cache=prefix)
+            out = lm_forward(self.loaded.model, inputs, cache=cut.cache)
             # In fp32, as ``generate`` upcasts its next-token logits before the argmax.
             logits = out.logits.float()
         segments = [Segment(r, 0, len(c.tokens)) for r, c in enumerate(rows)]
-        return VerifyPass(logits, segments, out.cache, [width - c.context.length for c in rows])
+        return VerifyPass(logits, segments, out.cache, [cut.width - c.context.length for c in rows])
 
     def packed_pass(self, rows: Sequence[Continuation]) -> VerifyPass | None:
         """What :meth:`cut_pass` computes for the same continuations (each from column 0 of
