@@ -444,9 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=ROOT / "demo" / "data")
     ap.add_argument("--out", type=Path, default=ROOT / "demo" / "checkpoint" / "smol-adapters")
     ap.add_argument("--stage", choices=["adapter", "check"], default="adapter")
-    ap.add_argument("--variant", choices=["baseline", "oracle"], default=None)
+    ap.add_argument("--variant", choices=["baseline", "oracle", "twc"], default=None)
     ap.add_argument(
-        "--model", choices=["zero-shot", "baseline", "oracle"], default=None,
+        "--model", choices=["zero-shot", "baseline", "oracle", "twc"], default=None,
         help="check stage: the adapter to check (default: the --variant's own)",
     )  # fmt: skip
     ap.add_argument("--train-records", type=int, default=240)
@@ -475,6 +475,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.write_text(json.dumps(result, indent=1) + "\n")
             log(f"{variant}: wrote {args.out / variant} and {path}")
         return 0
+    if "twc" in variants or args.model == "twc":
+        # the twc adapter is checked by the plugin itself, three ways (docs/closed-loop.md)
+        sys.exit(
+            "--stage check reads demo/data/<variant>/val.jsonl: not for twc; use the "
+            "smol-twc profiles (pytest --ckpt smol-twc-gold, smol-twc-loop)"
+        )
     for variant in variants:
         which = args.model or variant
         result = greedy_check(args, variant, which)

@@ -20,6 +20,7 @@ from pytest_memeval.tools.cli import main
 from ..episodefactory import write_incomplete_episode_run
 from ..pages import INJECTED, Page, injected_runs
 from ..runfactory import make_record, seed_runs, write_run
+from ..waysfactory import FR_MATCHES, loop_run, scenario_run, write_three_ways
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -122,6 +123,31 @@ def test_summary_tables_fit_a_1400_pixel_window(tmp_path: Path) -> None:
         assert _overflow(html, tmp_path / f"measure-{name}") == "overflow=0", name
 
 
+def _title_once_laid_out(html: str, measure: Path, script: str) -> str:
+    """The title ``script`` (JavaScript setting ``document.title``) gives a copy of the page
+    (its policy removed) once a 1400-pixel window has laid it out: what the browser measured."""
+    measure.write_text(
+        re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
+            "</body>",
+            f"<script>window.addEventListener('load', () => {{{script}}});</script></body>",
+        ),
+        "utf-8",
+    )
+    dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=measure.parent)
+    titles = re.findall(r"<title>([^<]*)", dom)
+    return titles[0] if titles else dom[-500:]
+
+
+def _rows_of(table: str) -> str:
+    """JavaScript: ``t`` the table, ``line`` its line height, ``rows`` its body rows' heights."""
+    return (
+        f"const t = document.querySelector('{table}');"
+        "const line = parseFloat(getComputedStyle(t).lineHeight);"
+        "const rows = [...t.querySelectorAll('tbody tr')]"
+        ".map(r => r.getBoundingClientRect().height);"
+    )
+
+
 def _overflow(html: str, measure: Path, *, boxes: bool = False) -> str:
     """How far the page reaches past a 1400-pixel window, measured by the browser: a copy of
     the page (its policy removed) whose script writes the scroll width into its title.
@@ -132,18 +158,12 @@ def _overflow(html: str, measure: Path, *, boxes: bool = False) -> str:
         if boxes
         else "0"
     )
-    measure.write_text(
-        re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
-            "</body>",
-            "<script>window.addEventListener('load', () => {"
-            "document.title = 'overflow=' + Math.max(document.documentElement.scrollWidth - "
-            f"document.documentElement.clientWidth, {widest});}});</script></body>",
-        ),
-        "utf-8",
+    return _title_once_laid_out(
+        html,
+        measure,
+        "document.title = 'overflow=' + Math.max(document.documentElement.scrollWidth - "
+        f"document.documentElement.clientWidth, {widest});",
     )
-    dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=measure.parent)
-    titles = re.findall(r"<title>([^<]*)", dom)
-    return titles[0] if titles else dom[-500:]
 
 
 def test_the_episode_page_fits_a_1400_pixel_window(tmp_path: Path) -> None:
@@ -179,25 +199,39 @@ def test_the_by_slice_comparison_fits_and_its_rows_stay_a_few_lines(tmp_path: Pa
     assert main(["report", str(a), str(b), "-o", str(page)]) == 0
     html = page.read_text("utf-8")
     assert "class='slice-pair'" in html
-    measure = tmp_path / "measure.html"
-    measure.write_text(
-        re.sub(r"<meta http-equiv='Content-Security-Policy'[^>]*>", "", html).replace(
-            "</body>",
-            "<script>window.addEventListener('load', () => {"
-            "const t = document.querySelector('table.slice-pair');"
-            "const line = parseFloat(getComputedStyle(t).lineHeight);"
-            "const rows = [...t.querySelectorAll('tbody tr')]"
-            ".map(r => r.getBoundingClientRect().height);"
-            "document.title = ['overflow=' + (document.documentElement.scrollWidth - "
-            "document.documentElement.clientWidth), 'fits=' + (t.getBoundingClientRect().width "
-            "<= t.parentElement.parentElement.clientWidth), 'lines=' + "
-            "Math.round(Math.max(...rows) / line), 'rows=' + rows.length].join(' ');});"
-            "</script></body>",
-        ),
-        "utf-8",
+    title = _title_once_laid_out(
+        html,
+        tmp_path / "measure.html",
+        f"{_rows_of('table.slice-pair')}"
+        "document.title = ['overflow=' + (document.documentElement.scrollWidth - "
+        "document.documentElement.clientWidth), 'fits=' + (t.getBoundingClientRect().width "
+        "<= t.parentElement.parentElement.clientWidth), 'lines=' + "
+        "Math.round(Math.max(...rows) / line), 'rows=' + rows.length].join(' ');",
     )
-    dom = _chromium("--window-size=1400,900", "--dump-dom", measure.as_uri(), tmp=tmp_path)
-    title = re.findall(r"<title>([^<]*)", dom)[0]
     said = dict(part.split("=") for part in title.split())
     assert said["overflow"] == "0" and said["fits"] == "true", title
     assert int(said["rows"]) >= 5 and int(said["lines"]) <= 5, title
+
+
+def test_the_three_ways_page_fits_a_1400_pixel_window(tmp_path: Path) -> None:
+    """Two models three ways, with slice tags long enough to need wrapping: the page and each
+    of its scrolling tables stay inside a 1400-pixel window, and no row of the by-slice table
+    is more than four lines of text tall."""
+    long = {s: f"room:kitchen_with_a_very_long_name_and_no_break_at_all_{s % 2}" for s in range(5)}
+    runs = write_three_ways(tmp_path / "adapter", tags=long)
+    runs += [
+        scenario_run(tmp_path / "zero-shot" / "tf", FR_MATCHES, "truth", "sha256:z", tags=long),
+        loop_run(tmp_path / "zero-shot" / "loop", dict.fromkeys(range(5), False), "sha256:z"),
+    ]
+    page = tmp_path / "ways.html"
+    assert main(["report", *map(str, runs), "-o", str(page)]) == 0
+    html = page.read_text("utf-8")
+    assert "class='ways-slices'" in html
+    assert _overflow(html, tmp_path / "measure-ways.html", boxes=True) == "overflow=0"
+    title = _title_once_laid_out(
+        html,
+        tmp_path / "rows.html",
+        f"{_rows_of('table.ways-slices')}"
+        "document.title = 'lines=' + Math.round(Math.max(...rows) / line);",
+    )
+    assert int(title.removeprefix("lines=")) <= 4, title

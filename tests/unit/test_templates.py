@@ -44,7 +44,14 @@ EVIL_DIR = "run<script>'\"&amp;"
 #: the report package: its modules, templates/ and static/
 REPORT = Path(report.__file__ or "").parent
 TEMPLATES = REPORT / "templates"
-PAGES = ("one_or_two.html", "many.html", "scenario_detail.html", "summary.html", "episodes.html")
+PAGES = (
+    "one_or_two.html",
+    "many.html",
+    "scenario_detail.html",
+    "summary.html",
+    "episodes.html",
+    "ways.html",
+)
 VOID = {"meta", "br", "input", "img", "link", "hr"}
 
 

@@ -23,7 +23,9 @@ compared and labels the runs; :mod:`.scenarios` sets out what differs scenario b
 pair together, :mod:`.board` several runs against a baseline; :mod:`.text` renders either as
 text; :mod:`.slices` compares by slice, :mod:`.history` a teacher-forced run with its
 free-running one; closed-loop runs are loaded by :mod:`.episode_runs`, compared paired by
-episode by :mod:`.episodes` and rendered by :mod:`.episode_text`; :mod:`.command` is the
+episode by :mod:`.episodes` and rendered by :mod:`.episode_text`; scenario runs and episode
+runs of the same models and seeds (teacher-forced, free-running, closed loop) are set side by
+side by :mod:`.ways` and rendered by :mod:`.ways_text`; :mod:`.command` is the
 command line. This package's ``__init__`` is its public face: it re-exports their names,
 which callers and tests import from here, never from its modules.
 """
@@ -89,12 +91,26 @@ from pytest_memeval.tools.compare.types import (
     RunData,
     RunSummary,
 )
+from pytest_memeval.tools.compare.ways import (
+    Carryover,
+    ModelWays,
+    Reproduced,
+    SeedRow,
+    SeedWays,
+    WaysComparison,
+    WaysSlice,
+    compare_ways,
+    load_ways,
+    mixes_kinds,
+)
+from pytest_memeval.tools.compare.ways_text import carryover_lines, format_ways, rate_cell
 
 __all__ = [
     "ALPHA",
     "EPISODES_KIND",
     "POWER",
     "BoardRow",
+    "Carryover",
     "CompareError",
     "Comparison",
     "Correction",
@@ -108,17 +124,25 @@ __all__ = [
     "HistoryPair",
     "ManyComparison",
     "McNemar",
+    "ModelWays",
     "PairedM2",
     "Power",
+    "Reproduced",
     "RunData",
     "RunSummary",
+    "SeedRow",
+    "SeedWays",
     "SliceComparison",
+    "WaysComparison",
+    "WaysSlice",
+    "carryover_lines",
     "check_same_env",
     "check_same_episodes",
     "compare_episode_runs",
     "compare_many",
     "compare_runs",
     "compare_slices",
+    "compare_ways",
     "fmt_ci",
     "fmt_m2_ci",
     "fmt_pp",
@@ -129,14 +153,18 @@ __all__ = [
     "format_history_pair",
     "format_many",
     "format_slices",
+    "format_ways",
     "history_pair",
     "is_episode_run",
     "load_episode_run",
     "load_pair",
     "load_run",
+    "load_ways",
     "m1_power",
     "m2_delta_lines",
+    "mixes_kinds",
     "paired_m2",
+    "rate_cell",
     "read_episode_run",
     "read_metrics_kind",
     "recount_episode_run",

@@ -10,7 +10,9 @@ runs are the two histories of one checkpoint, else null).
 
 Closed-loop runs (``metrics.json`` of kind ``episodes``) are compared by
 :mod:`pytest_memeval.tools.compare.episodes`: two runs of one environment and the same seeds,
-paired by episode; a scenario run is never compared with an episode run.
+paired by episode. Scenario runs and episode runs given together are set side by side by
+:mod:`pytest_memeval.tools.compare.ways`: each model's teacher-forced, free-running and
+closed-loop runs of the same seeds, paired by id (no test pairs an answer with a success).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from pytest_memeval.tools.compare.slices import (
 )
 from pytest_memeval.tools.compare.text import format_comparison, format_many
 from pytest_memeval.tools.compare.types import CompareError
+from pytest_memeval.tools.compare.ways import compare_ways, load_ways, mixes_kinds
+from pytest_memeval.tools.compare.ways_text import format_ways
 
 __all__ = ["cli_arguments", "cli_main"]
 
@@ -51,7 +55,9 @@ def cli_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="RUN_B",
         help="run directory B (the candidate); several: each is compared with RUN_A, the "
-        "p-values Holm-corrected, and a leaderboard sorts them by m1",
+        "p-values Holm-corrected, and a leaderboard sorts them by m1. Scenario runs and "
+        "closed-loop runs together: each model's teacher-forced, free-running and closed-loop "
+        "runs of the same seeds side by side",
     )
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     slice_arguments(parser)
@@ -98,7 +104,10 @@ def _scenarios(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 def cli_main(args: argparse.Namespace) -> int:
     """Run ``memeval compare``: 0 when compared, 2 when the runs cannot be compared."""
     try:
-        if check_same_kind([args.run_a, *args.runs]):
+        if mixes_kinds([args.run_a, *args.runs]):
+            ways = compare_ways(load_ways([args.run_a, *args.runs]), args.slices)
+            result, text = dict(ways), format_ways(ways)
+        elif check_same_kind([args.run_a, *args.runs]):
             result, text = _episodes(args)
         else:
             result, text = _scenarios(args)

@@ -29,7 +29,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_memeval.core.rundir import atomic_write
-from pytest_memeval.tools.compare import CompareError, is_episode_run, load_run, slice_arguments
+from pytest_memeval.tools.compare import (
+    CompareError,
+    compare_ways,
+    is_episode_run,
+    load_run,
+    load_ways,
+    mixes_kinds,
+    slice_arguments,
+)
 from pytest_memeval.tools.report.episodes import (
     episode_markdown,
     load_episode_run,
@@ -38,6 +46,7 @@ from pytest_memeval.tools.report.episodes import (
 from pytest_memeval.tools.report.markdown import markdown_report
 from pytest_memeval.tools.report.pages import render_many, render_report
 from pytest_memeval.tools.report.pieces import scenario_detail_html, summary_html
+from pytest_memeval.tools.report.ways import render_ways_report
 
 __all__ = [
     "cli_arguments",
@@ -57,7 +66,8 @@ def write_report(
 
     One run: that run; two: A against B; more: each against the first (the baseline). An
     episode run (``metrics.json`` of kind ``episodes``) gets its own page, alone
-    (:mod:`.episodes`).
+    (:mod:`.episodes`); scenario runs and episode runs together, the three-ways page of each
+    model (:mod:`.ways`).
     ``slices`` and ``method``: the per-slice comparison's slices and correction.
     """
     atomic_write(output, [_page(paths, slices=slices, method=method)])
@@ -77,6 +87,9 @@ def _episode_path(paths: Sequence[Path]) -> Path | None:
 
 
 def _page(paths: Sequence[Path], *, slices: Sequence[str], method: str) -> str:
+    if mixes_kinds(paths):
+        ways = compare_ways(load_ways(paths), slices)
+        return render_ways_report(ways, [str(p) for p in paths])
     episode_run = _episode_path(paths)
     if episode_run is not None:
         return render_episode_report(load_episode_run(episode_run))
@@ -87,6 +100,11 @@ def _page(paths: Sequence[Path], *, slices: Sequence[str], method: str) -> str:
 
 
 def _markdown(paths: Sequence[Path]) -> str:
+    if mixes_kinds(paths):
+        raise CompareError(
+            "scenario runs and closed-loop runs together make the three-ways page, in HTML "
+            "only (memeval compare prints it as text)"
+        )
     episode_run = _episode_path(paths)
     if episode_run is None:
         return markdown_report(paths)

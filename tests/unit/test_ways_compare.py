@@ -1,0 +1,119 @@
+"""One model three ways (tools/compare/ways.py): teacher-forced, free-running and closed-loop
+runs of the same seeds set side by side, paired by id, on run directories written as the
+plugin writes them (scenario runs counted by the plugin's ``Tally``, episode runs by
+``finalize_episode_run`` from real episodes). The expected numbers are stated here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_memeval.core.stats import wilson_interval
+from pytest_memeval.tools.cli import main
+from pytest_memeval.tools.compare import CompareError, compare_ways, format_ways, load_ways
+
+from ..waysfactory import FR_MATCHES, SUCCESS, TF_MATCHES, loop_run, scenario_run, write_three_ways
+
+
+@pytest.fixture
+def three_ways(tmp_path: Path) -> list[Path]:
+    """Seeds 0-2 every turn right teacher-forced, 0 and 1 reproduced free-running; 0 and 4
+    succeed in the environment (tests/waysfactory.py)."""
+    return write_three_ways(tmp_path)
+
+
+def test_one_model_three_ways_paired_by_seed(three_ways: list[Path]) -> None:
+    result = compare_ways(load_ways(three_ways))
+    assert result["kind"] == "ways" and result["seeds"] == 5
+    (model,) = result["models"]
+    assert model["label"] == "loop"
+    # m2: 15 turns teacher-forced, 13 right; free-running 6 + 2 = 8 right
+    assert (model["m2_teacher_forced"]["correct"], model["m2_teacher_forced"]["total"]) == (13, 15)
+    assert model["m2_free_running"] is not None
+    assert (model["m2_free_running"]["correct"], model["m2_free_running"]["total"]) == (8, 15)
+    assert (model["m1"]["correct"], model["m1"]["total"]) == (3, 5)
+    success = model["success"]
+    assert (success["correct"], success["total"]) == (2, 5)
+    assert success["ci95"] == pytest.approx(list(wilson_interval(2, 5)))
+    carry = model["carryover"]
+    # every turn right: 0, 1, 2 (0 succeeded, 1 and 2 failed); a wrong turn: 3 (failed), 4 (won)
+    assert (carry["both"], carry["turns_only"], carry["success_only"], carry["neither"]) == (
+        1,
+        2,
+        1,
+        1,
+    )
+    assert carry["turns_only_ids"] == ["twc-1", "twc-2"] and carry["success_only_ids"] == ["twc-4"]
+    assert carry["agreement"] == pytest.approx(2 / 5)
+    assert carry["turn_accuracy_of_successes"] == pytest.approx((1 + 2 / 3) / 2)
+    assert carry["turn_accuracy_of_failures"] == pytest.approx((1 + 1 + 2 / 3) / 3)
+    # free-running, 0 and 1 reproduced the gold path; 1 failed in the environment: said by id
+    assert model["free_running_reproduced"] == {"seeds": 2, "succeeded": 1, "failed_ids": ["twc-1"]}
+
+
+def test_slices_are_the_tags_that_split_the_seeds(three_ways: list[Path]) -> None:
+    result = compare_ways(load_ways(three_ways))
+    assert [(s["tag"], s["n"]) for s in result["slices"]] == [
+        ("query:close-opened", 2),
+        ("query:where-put", 3),
+    ]  # rooms:1 is on every seed: the whole table again
+    opened = result["slices"][0]["models"][0]
+    assert (opened["success"]["correct"], opened["success"]["total"]) == (1, 2)
+    assert (opened["m2_teacher_forced"]["correct"], opened["m2_teacher_forced"]["total"]) == (4, 6)
+    assert (opened["m1"]["correct"], opened["m1"]["total"]) == (1, 2)
+    assert opened["carryover"]["success_only_ids"] == ["twc-4"]
+    chosen = compare_ways(load_ways(three_ways), ["query:where*"])
+    assert [s["tag"] for s in chosen["slices"]] == ["query:where-put"]
+
+
+def test_models_in_the_order_given_and_the_text(tmp_path: Path, three_ways: list[Path]) -> None:
+    other_tf = scenario_run(tmp_path / "tf2", FR_MATCHES, "truth", model="sha256:m2")
+    other_loop = loop_run(tmp_path / "loop2", dict.fromkeys(range(5), True), model="sha256:m2")
+    result = compare_ways(load_ways([other_loop, *three_ways, other_tf]))
+    assert [m["label"] for m in result["models"]] == ["loop2", "loop"]
+    assert result["models"][0]["m2_free_running"] is None
+    text = format_ways(result)
+    assert "13/15 = 86.7%" in text and "2/5 = 40.0%" in text and "5/5 = 100.0%" in text
+    assert "1 did not ('twc-1')" in text and "2 failed ('twc-1', 'twc-2')" in text
+
+
+def test_runs_that_do_not_make_three_ways_are_refused(
+    tmp_path: Path, three_ways: list[Path]
+) -> None:
+    tf, fr, loop = three_ways
+    with pytest.raises(CompareError, match=r"are 1 teacher-forced, 1 free-running, 0 closed-loop"):
+        load_ways([tf, fr, loop_run(tmp_path / "other", SUCCESS, model="sha256:x")])
+    with pytest.raises(CompareError, match=r"are 1 teacher-forced, 0 free-running, 2 closed-loop"):
+        load_ways([tf, loop, loop_run(tmp_path / "again", SUCCESS)])
+    fewer = scenario_run(tmp_path / "fewer", {s: TF_MATCHES[s] for s in range(4)}, "truth")
+    with pytest.raises(CompareError, match=r"different seeds: 1 only in .*loop: 'twc-4'"):
+        load_ways([fewer, loop])
+
+
+def test_the_command_prints_the_three_ways(
+    three_ways: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compare", *map(str, three_ways), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "ways" and data["models"][0]["carryover"]["both"] == 1
+    assert main(["compare", *map(str, three_ways)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("One model, three ways, on the same 5 seeds")
+    assert "By slice" in out and "query:close-opened" in out
+
+
+def test_the_page_shows_the_three_ways_and_escapes_text(
+    tmp_path: Path, three_ways: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "ways.html"
+    assert main(["report", *map(str, three_ways), "-o", str(page)]) == 0
+    html = page.read_text("utf-8")
+    assert "<title>memeval: loop, three ways</title>" in html
+    assert "13/15 = 86.7%" in html and "2/5 = 40.0%" in html
+    assert "twc-1, twc-2" in html  # every turn right, yet failed
+    assert "left it at turn 0" in html and "gold path reproduced" in html
+    assert "<script" not in html  # no script on this page
+    assert main(["report", *map(str, three_ways), "--format", "markdown"]) == 2
+    assert "HTML only" in capsys.readouterr().err
