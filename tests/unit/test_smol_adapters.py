@@ -3,7 +3,9 @@
 The base model (``demo/real/SmolLM2-135M-Instruct.Q4_1.gguf``) is fetched, not committed, so
 these checks read only the adapter files: a LoRA of the shape SmolLM2-135M takes (30 layers,
 hidden 576, 3 KV heads of 64), safetensors only, small, trained (``lora_B`` starts at zero),
-and the ``smol-*`` profiles evaluate them on the benchmarks of ``baseline`` / ``oracle``.
+and the ``smol-*`` profiles evaluate them on the benchmarks of ``baseline`` / ``oracle``; the
+``twc`` adapter (trained on TextWorld Express gold paths of the train fold) is evaluated three
+ways on the test fold's seeds by the ``twc-*`` profiles.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ OUT_FEATURES = {"q_proj": 576, "k_proj": 192, "v_proj": 192, "o_proj": 576}
 LAYERS = 30
 
 
-@pytest.mark.parametrize("variant", ["baseline", "oracle"])
+@pytest.mark.parametrize("variant", ["baseline", "oracle", "twc"])
 def test_adapter_is_a_small_trained_smollm2_lora(variant: str) -> None:
     adapter = ADAPTERS / variant
     assert sorted(p.name for p in adapter.iterdir()) == [
@@ -72,3 +74,28 @@ def test_smol_profiles_use_the_gguf_and_the_demo_benchmarks() -> None:
         assert profile.adapter == ((ADAPTERS / adapter).resolve() if adapter else None)
         assert profile.benchmark == reference.benchmark
         assert profile.generation == reference.generation
+
+
+def test_twc_profiles_evaluate_one_adapter_and_the_base_on_the_same_seeds_three_ways() -> None:
+    """``twc-{adapter,zero-shot}-gold`` (teacher-forced; free-running with --memeval-history
+    model) and ``-loop`` (closed loop): the same game, parameters, fold and seeds, the same
+    generation, on the test fold (the adapter was trained on the train fold's gold paths)."""
+    path = REPO / "pyproject.toml"
+    trained = [json.loads(line)["meta"] for line in (REPO / "demo/data/twc/train.jsonl").open()]
+    assert {m["fold"] for m in trained} == {"train"}
+    for who, adapter in (("adapter", (ADAPTERS / "twc").resolve()), ("zero-shot", None)):
+        gold = resolve_profile(f"twc-{who}-gold", path)
+        loop = resolve_profile(f"twc-{who}-loop", path)
+        assert gold.model == loop.model == (REPO / GGUF).resolve()
+        assert gold.adapter == loop.adapter == adapter
+        assert gold.generation == loop.generation
+        options = gold.benchmark.options
+        assert loop.env is not None and gold.benchmark.builder == "twc_gold"
+        assert (loop.env.game, loop.env.fold, loop.env.params_text) == (
+            "twc",
+            options["fold"],
+            ",".join(sorted(options["params"].split(","))),
+        )
+        assert options["fold"] == "test" and list(loop.env.seeds) == list(range(20))
+        assert options["seeds"] == "0-19"
+        assert trained[0]["params"] == loop.env.params_text
