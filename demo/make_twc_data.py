@@ -47,14 +47,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "demo" / "data" / "twc" / "train.jsonl")
     args = parser.parse_args(argv)
     options = {"params": args.params, "fold": "train", "seeds": args.seeds, "query": QUERY}
-    records = build_bundled("twc_gold", options, ROOT)
-    assert records is not None
+    built = build_bundled("twc_gold", options, ROOT)
+    assert built is not None  # a bundled builder
+    records = list(built)
     from_records(records, "twc_gold (train fold)")  # validated before anything is written
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text("".join(dump_record(dict(r)) for r in records), encoding="utf-8")
     tmp.replace(args.out)
-    print(f"wrote {len(list(records))} records to {args.out}")
+    print(f"wrote {len(records)} records to {args.out}")
     return 0
 
 

@@ -479,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the twc adapter is checked by the plugin itself, three ways (docs/closed-loop.md)
         sys.exit(
             "--stage check reads demo/data/<variant>/val.jsonl: not for twc; use the "
-            "smol-twc profiles (pytest --ckpt smol-twc-gold, smol-twc-loop)"
+            "twc-adapter-* profiles (pytest --ckpt twc-adapter-gold, twc-adapter-loop)"
         )
     for variant in variants:
         which = args.model or variant

@@ -75,7 +75,7 @@ def test_models_in_the_order_given_and_the_text(tmp_path: Path, three_ways: list
     assert [m["label"] for m in result["models"]] == ["loop2", "loop"]
     assert result["models"][0]["m2_free_running"] is None
     text = format_ways(result)
-    assert "13/15 = 86.7%" in text and "2/5 = 40.0%" in text and "5/5 = 100.0%" in text
+    assert "13/15 = 86.67%" in text and "2/5 = 40.00%" in text and "5/5 = 100.00%" in text
     assert "1 did not ('twc-1')" in text and "2 failed ('twc-1', 'twc-2')" in text
 
 
@@ -111,7 +111,7 @@ def test_the_page_shows_the_three_ways_and_escapes_text(
     assert main(["report", *map(str, three_ways), "-o", str(page)]) == 0
     html = page.read_text("utf-8")
     assert "<title>memeval: loop, three ways</title>" in html
-    assert "13/15 = 86.7%" in html and "2/5 = 40.0%" in html
+    assert "13/15 = 86.67%" in html and "2/5 = 40.00%" in html
     assert "twc-1, twc-2" in html  # every turn right, yet failed
     assert "left it at turn 0" in html and "gold path reproduced" in html
     assert "<script" not in html  # no script on this page

@@ -26,7 +26,7 @@ kinds, only counts set side by side, seed by seed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal, TypedDict
@@ -206,14 +206,16 @@ def _group(loops: Sequence[EpisodeRun], scenario_runs: Sequence[RunData]) -> _Gr
         list(tf.records), list(closed.records), str(tf.path), str(closed.path), "seeds"
     )
     if fr is not None:
-        if fr.metrics["fingerprints"].get("benchmark") != tf.metrics["fingerprints"].get(
-            "benchmark"
-        ):
-            raise CompareError(f"{tf.path} and {fr.path} evaluate different benchmarks")
+        _refuse_other_benchmark(tf, fr)
         refuse_different_ids(
             list(tf.records), list(fr.records), str(tf.path), str(fr.path), "seeds"
         )
     return {"teacher_forced": tf, "free_running": fr, "closed_loop": closed}
+
+
+def _refuse_other_benchmark(a: RunData, b: RunData) -> None:
+    if a.metrics["fingerprints"].get("benchmark") != b.metrics["fingerprints"].get("benchmark"):
+        raise CompareError(f"{a.path} and {b.path} evaluate different benchmarks")
 
 
 def _check_together(groups: Sequence[_Group]) -> None:
@@ -221,8 +223,7 @@ def _check_together(groups: Sequence[_Group]) -> None:
     first = groups[0]
     for group in groups[1:]:
         a, b = first["teacher_forced"], group["teacher_forced"]
-        if a.metrics["fingerprints"].get("benchmark") != b.metrics["fingerprints"].get("benchmark"):
-            raise CompareError(f"{a.path} and {b.path} evaluate different benchmarks")
+        _refuse_other_benchmark(a, b)
         refuse_different_ids(list(a.records), list(b.records), str(a.path), str(b.path), "seeds")
         check_same_env(
             first["closed_loop"].metrics["env"],
@@ -232,10 +233,21 @@ def _check_together(groups: Sequence[_Group]) -> None:
         )
 
 
+def _scored(record: Record) -> list[bool]:
+    """Whether each scored turn of ``record`` matched (unscored, unaligned turns left out)."""
+    return [bool(t["match"]) for t in record["turns"] if t["match"] is not None]
+
+
 def _turn_accuracy(record: Record) -> float | None:
     """The share of the record's scored turns that matched; ``None`` without one."""
-    scored = [t["match"] for t in record["turns"] if t["match"] is not None]
+    scored = _scored(record)
     return sum(scored) / len(scored) if scored else None
+
+
+def _reproduced_gold(record: Record) -> bool:
+    """A free-running record that never left the truth: every turn was the gold message. A
+    record written before ``left_truth_at`` existed says nothing, and counts as not."""
+    return "left_truth_at" in record and record["left_truth_at"] is None
 
 
 def _carryover(tf: RunData, loop: EpisodeRun, ids: Sequence[str]) -> Carryover:
@@ -268,7 +280,7 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def _reproduced(fr: RunData, loop: EpisodeRun, ids: Sequence[str]) -> Reproduced:
-    reproduced = [i for i in ids if fr.records[i].get("left_truth_at", 0) is None]
+    reproduced = [i for i in ids if _reproduced_gold(fr.records[i])]
     failed = [i for i in reproduced if not loop.records[i]["success"]]
     return {
         "seeds": len(reproduced),
@@ -301,14 +313,13 @@ def _ways(group: _Group, label: str, ids: Sequence[str], tag: str | None) -> Mod
     }
 
 
-def _slice_tags(runs: Iterable[RunData], ids: Sequence[str]) -> list[str]:
-    """The tags that split the seeds (a tag on every seed is the whole table again)."""
+def _slice_tags(run: RunData, ids: Sequence[str]) -> list[str]:
+    """The tags that split the seeds (a tag on every seed is the whole table again); every
+    run of one benchmark has the same tags, so one run's are read."""
     counts: dict[str, int] = {}
-    for run in runs:
-        for scenario_id in ids:
-            for tag in run.records[scenario_id].get("tags", []):
-                counts[tag] = counts.get(tag, 0) + 1
-        break  # the first run's tags: every run of one benchmark has the same
+    for scenario_id in ids:
+        for tag in run.records[scenario_id].get("tags", []):
+            counts[tag] = counts.get(tag, 0) + 1
     return [t for t in slice_order(counts) if counts[t] < len(ids)]
 
 
@@ -328,7 +339,7 @@ def compare_ways(groups: Sequence[_Group], slices_shown: Sequence[str] = ()) -> 
     labels = _labels(groups)
     models = [_ways(g, label, ids, None) for g, label in zip(groups, labels, strict=True)]
     slices: list[WaysSlice] = []
-    tags = _slice_tags([g["teacher_forced"] for g in groups], ids)
+    tags = _slice_tags(groups[0]["teacher_forced"], ids)
     if slices_shown:
         tags = [t for t in tags if any(fnmatchcase(t, pattern) for pattern in slices_shown)]
     for tag in tags:
@@ -364,15 +375,15 @@ def compare_ways(groups: Sequence[_Group], slices_shown: Sequence[str] = ()) -> 
 def _seed(group: _Group, label: str, scenario_id: str) -> SeedWays:
     tf, fr, loop = group["teacher_forced"], group["free_running"], group["closed_loop"]
     record = tf.records[scenario_id]
-    scored = [t["match"] for t in record["turns"] if t["match"] is not None]
+    scored = _scored(record)
     episode = loop.records[scenario_id]
-    left_at = None if fr is None else fr.records[scenario_id].get("left_truth_at")
+    free = None if fr is None else fr.records[scenario_id]
     return {
         "label": label,
-        "turns_right": sum(bool(m) for m in scored),
+        "turns_right": sum(scored),
         "turns_scored": len(scored),
-        "free_running_reproduced": None if fr is None else left_at is None,
-        "free_running_left_at": left_at,
+        "free_running_reproduced": None if free is None else _reproduced_gold(free),
+        "free_running_left_at": None if free is None else free.get("left_truth_at"),
         "final_match": record["final_match"],
         "success": episode["success"],
         "reason": episode["reason"],

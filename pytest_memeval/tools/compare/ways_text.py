@@ -6,22 +6,19 @@ from collections.abc import Sequence
 
 from pytest_memeval.core.formatting import columns, percent, shown_ids
 from pytest_memeval.core.records import RateBlock
+from pytest_memeval.tools.compare.text import fmt_ci, fmt_rate
 from pytest_memeval.tools.compare.ways import Carryover, ModelWays, WaysComparison
 
 __all__ = ["format_ways", "rate_cell"]
 
 
 def rate_cell(block: RateBlock | None) -> str:
-    """``correct/total = rate [low, high]``; ``-`` for a way that was not run."""
+    """``correct/total = rate [low, high]`` as every comparison words it; ``-`` for a way that
+    was not run."""
     if block is None:
         return "-"
-    rate = block.get("rate")
-    text = f"{block['correct']}/{block['total']}"
-    if rate is None:
-        return f"{text} = n/a"
-    ci = block.get("ci95")
-    interval = f" [{percent(ci[0], 1)}, {percent(ci[1], 1)}]" if ci else ""
-    return f"{text} = {percent(rate, 1)}{interval}"
+    interval = fmt_ci(block)
+    return fmt_rate(block) if interval == "-" else f"{fmt_rate(block)} {interval}"
 
 
 def _table(models: Sequence[ModelWays], first: str) -> list[list[str]]:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from pytest_memeval.core.formatting import percent
 from pytest_memeval.core.records import RateBlock
-from pytest_memeval.tools.compare import ModelWays, SeedWays, WaysComparison, rate_cell
+from pytest_memeval.tools.compare import ModelWays, SeedWays, WaysComparison, fmt_ci, fmt_rate
 from pytest_memeval.tools.report.pages import generated_at, page_csp
 from pytest_memeval.tools.report.templating import render
 
@@ -31,9 +31,10 @@ class _Cell(NamedTuple):
 
 
 def _cell(block: RateBlock | None) -> _Cell:
-    text = rate_cell(block)
-    value, _, interval = text.partition(" [")
-    return _Cell(value, f"[{interval}" if interval else "")
+    if block is None:
+        return _Cell("-", "")
+    interval = fmt_ci(block)
+    return _Cell(fmt_rate(block), "" if interval == "-" else interval)
 
 
 def _row(model: ModelWays) -> list[_Cell]:
