@@ -22,11 +22,11 @@ from pathlib import Path
 
 from pytest_memeval.core.cache import resolve_cache_dir
 from pytest_memeval.core.episodes import episode_metrics
-from pytest_memeval.decode.fast import FastPolicy
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.env import EnvSpec, EpisodeRunner, make_env, parse_env_spec, run_episode
 from pytest_memeval.model.gguf import convert_gguf, is_gguf
 from pytest_memeval.model.loading import LoadedModel, load_model
+from pytest_memeval.tools.bench_episodes import compare_policies
 
 TWC = "numLocations=1,numItemsToPutAway=2,includeDoors=0,limitInventorySize=0"
 
@@ -105,26 +105,20 @@ def _compare(
     spec: EnvSpec, loaded: LoadedModel, reference_policy: ModelPolicy, args: argparse.Namespace
 ) -> int:
     """The reference policy one episode at a time, then the fast policy with every episode
-    stepped together, in the same environments: both times, the ratio, identical or not."""
+    stepped together, in the same environments: both times, the ratio, identical or not
+    (``memeval bench`` on a closed-loop profile does the same, with the floor)."""
     with EpisodeRunner(spec, system=args.system) as runner:
-        started = time.perf_counter()
-        reference = [runner.run(seed, reference_policy) for seed in spec.seeds]
-        reference_s = time.perf_counter() - started
-        fast = FastPolicy(loaded, args.max_new_tokens)
-        started = time.perf_counter()
-        together = runner.run_together(list(spec.seeds), fast.decide)
-        fast_s = time.perf_counter() - started
-    same = all(
-        (a.as_plain(), a.messages) == (b.as_plain(), b.messages)
-        for a, b in zip(reference, together, strict=True)
-    )
-    print(f"reference: {reference_s:8.2f} s  (one episode at a time)")
-    print(f"fast:      {fast_s:8.2f} s  ({len(together)} episodes stepped together)")
-    print(f"  {fast.stats.describe()}")
-    print("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in fast.stats.seconds.items()))
-    verdict = "yes" if same else "no"
-    print(f"fast/reference speedup: {reference_s / fast_s:.1f}x, trajectories identical: {verdict}")
-    return 0 if same else 1
+        run = compare_policies(
+            runner, loaded, reference_policy.max_new_tokens, together=len(spec.seeds)
+        )
+    print(f"reference: {run.reference_seconds:8.2f} s  (one episode at a time)")
+    print(f"fast:      {run.fast_seconds:8.2f} s  ({len(run.fast)} episodes stepped together)")
+    print(f"  {run.policy.stats.describe()}")
+    seconds = run.policy.stats.seconds
+    print("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items()))
+    verdict = "no" if run.differ else "yes"
+    print(f"fast/reference speedup: {run.ratio:.1f}x, trajectories identical: {verdict}")
+    return 1 if run.differ else 0
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ class _Call:
     groups: Sequence[SegmentGroup]
     #: the model's own attention implementation (for the groups that are not plain)
     implementation: str
+    #: where each layer's fed keys and values are put, by layer index (``None``: not kept)
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 _CALL: ContextVar[_Call | None] = ContextVar("memeval_segment_attention", default=None)
@@ -164,6 +166,10 @@ def _segments_attention(
     if query.shape[0] != 1:
         raise RuntimeError("segment attention computes a call of one row")
     cached_keys, cached_values = call.layers[module.layer_idx]
+    if call.captured is not None:
+        # the fed tokens' keys and values as a cache would hold them (after the rotary
+        # embedding, one per KV head): what the caller keeps for its next call
+        call.captured[module.layer_idx] = (key, value)
     # The plain formula where the layer passes its scaling and nothing else that changes it
     # (GPT-2's eager function, for one, scales inside: the model's own function does that).
     plain = scaling is not None and _plain(kwargs) and not kwargs.get("dropout")
@@ -204,15 +210,18 @@ def segment_attention(
     model: Model,
     layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
     groups: Sequence[SegmentGroup],
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Iterator[None]:
     """Run the block (one call over one row of fed tokens, ``groups`` covering them) with
     each group attending over its cached row in ``layers`` and its own tokens; the model's
     own attention implementation is set back after, also when the block raises. Call
-    :func:`segment_attention_unavailable` first (it registers the function)."""
+    :func:`segment_attention_unavailable` first (it registers the function). ``captured``:
+    filled with each layer's fed keys and values (``1 x kv_heads x tokens x head_dim``, by
+    layer index), for a caller that keeps them as a cache (the call itself keeps none)."""
     base = base_model(model)
     implementation = attention_implementation(model)
     assert implementation is not None and implementation != SEGMENT_ATTENTION
-    token = _CALL.set(_Call(layers, groups, implementation))
+    token = _CALL.set(_Call(layers, groups, implementation, captured))
     base.set_attn_implementation(SEGMENT_ATTENTION)
     try:
         yield

@@ -54,6 +54,15 @@ class EpisodeRunner:
             self.made += 1
         return self._env
 
+    def start(self, count: int) -> None:
+        """Make ``count`` environments now (:attr:`env` and the ones :meth:`run_together`
+        steps beside it), so that a timed run does not start them (``memeval bench``)."""
+        first = self.env  # made now if there is none
+        assert first is self._env
+        while len(self._more) < count - 1:
+            self._more.append(self._make(self.spec))
+            self.made += 1
+
     def run(self, seed: int, policy: Policy, options: Mapping[str, Any] | None = None) -> Episode:
         """One episode of ``seed`` (one of the spec's seeds) with the spec's limits."""
         if seed not in self.spec.seeds:
@@ -79,11 +88,8 @@ class EpisodeRunner:
         for seed in seeds:
             if seed not in self.spec.seeds:
                 raise ValueError(f"seed {seed} is not among env.seeds of this run")
-        envs = [self.env]
-        while len(self._more) < len(seeds) - 1:
-            self._more.append(self._make(self.spec))
-            self.made += 1
-        envs += self._more[: len(seeds) - 1]
+        self.start(len(seeds))
+        envs = [self.env, *self._more[: len(seeds) - 1]]
         episodes = run_episodes(
             envs,
             seeds,

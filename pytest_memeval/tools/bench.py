@@ -18,6 +18,10 @@ of the same model and setting stored one (``decode/fast/stored.py``), else it is
 stored; a ``calibration:`` line says which, and the fast time apart from the calibration
 follows (``--recalibrate`` measures it again).
 
+On a closed-loop profile (one with an ``env`` table) the command benches the closed loop's
+two policies in the real environment instead (``bench_episodes.py``: both times, the ratio,
+the calibration, the floor, whether every trajectory is identical).
+
 Exit status: 0 when every prediction is identical, 1 when any differs, 2 on bad input.
 Timing is wall-clock on whatever else the machine is doing: run it on a quiet machine, and
 pin ``--threads`` so that both paths get the same CPU.
@@ -32,6 +36,7 @@ scenarios a pytest run evaluates; for a builder from a plugin, pass ``--benchmar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import subprocess
 import sys
@@ -53,14 +58,16 @@ from pytest_memeval.core.profiles import Profile, ProfileError, resolve_profile
 from pytest_memeval.core.records import Rollout
 from pytest_memeval.decode.fast import (
     DEFAULT_MAX_BATCH_TOKENS,
+    EPISODES_TOGETHER,
     CalibrationStore,
     FastDecoder,
 )
 from pytest_memeval.decode.reference import ReferenceDecoder
 from pytest_memeval.model.checks import CheckpointError, fingerprint_dir
 from pytest_memeval.model.gguf import GgufConversion, prepare_profile
-from pytest_memeval.model.loading import LoadedModel, load_model
+from pytest_memeval.model.loading import LoadedModel, load_profile_model
 from pytest_memeval.model.prompts import conversation_ids
+from pytest_memeval.tools.bench_episodes import bench_closed_loop
 from pytest_memeval.tools.bench_text import (
     describe_calibration,
     describe_disagreement,
@@ -119,6 +126,13 @@ def _fast_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="padded tokens per forward pass of the fast path (default: the decoder's, 32768)",
+    )
+    parser.add_argument(
+        "--episodes-together",
+        type=int,
+        default=EPISODES_TOGETHER,
+        help="closed-loop profile: episodes the fast policy steps together, as a pytest "
+        f"run's worker does (default {EPISODES_TOGETHER})",
     )
     parser.add_argument(
         "--margin",
@@ -420,22 +434,71 @@ class _Inputs(NamedTuple):
     store: CalibrationStore
 
 
-def _inputs(args: argparse.Namespace) -> _Inputs:
-    """The profile, scenarios and store of ``args``; :class:`_Refused` (or the error of
-    the profile, benchmark, checkpoint or file that is wrong) otherwise."""
+def _inputs(args: argparse.Namespace, profile: Profile) -> _Inputs:
+    """The scenarios and store of ``args`` for a scenario ``profile`` (a GGUF model's
+    converted); :class:`_Refused` (or the error of the benchmark, checkpoint or file that is
+    wrong) otherwise."""
+    scenarios = _scenarios(args, profile)
+    # A GGUF model: its safetensors conversion, made once (model/gguf.py).
+    profile, conversion = prepare_profile(profile, _cache(args), print)
+    store = _store(args, _cache(args), profile, conversion)
+    if args.limit is not None:
+        scenarios = scenarios[: args.limit]
+    return _Inputs(profile, scenarios, store)
+
+
+def _cache(args: argparse.Namespace) -> Path:
+    return resolve_cache_dir(args.cache_dir.resolve() if args.cache_dir else None)
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    """The profile of ``args``, checked against the options; :class:`_Refused` (or the
+    profile's error) otherwise."""
     profile = resolve_profile(args.profile, args.profiles.resolve())
     if profile.kind != "model" or profile.model is None:
         raise _Refused(f"profile {args.profile!r} has no model to decode with")
-    scenarios = _scenarios(args, profile)
-    # A GGUF model: its safetensors conversion, made once (model/gguf.py).
-    cache = resolve_cache_dir(args.cache_dir.resolve() if args.cache_dir else None)
-    profile, conversion = prepare_profile(profile, cache, print)
-    store = _store(args, cache, profile, conversion)
-    if args.limit is not None:
-        if args.limit < 1:
-            raise _Refused("--limit must be >= 1")
-        scenarios = scenarios[: args.limit]
-    return _Inputs(profile, scenarios, store)
+    if args.limit is not None and args.limit < 1:
+        raise _Refused("--limit must be >= 1")
+    if args.episodes_together < 1:
+        raise _Refused("--episodes-together must be >= 1")
+    if profile.env is not None:
+        # A closed-loop profile: its episodes, not scenarios (bench_episodes.py).
+        if args.benchmark is not None:
+            raise _Refused(
+                f"profile {profile.name!r} is a closed-loop profile: --benchmark is "
+                "for a scenario profile"
+            )
+        if args.history != HISTORY_TRUTH:
+            raise _Refused(
+                f"profile {profile.name!r} is a closed-loop profile: every action "
+                "is the model's own, --history is for a scenario profile"
+            )
+    return profile
+
+
+def _load(args: argparse.Namespace, profile: Profile) -> LoadedModel:
+    """``profile``'s model and adapter on the command's device, in its ``--dtype`` if given
+    (torch threads set first)."""
+    # Deferred: torch takes seconds; `memeval --help` and the other commands never need it.
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.dtype:
+        generation = dataclasses.replace(profile.generation, dtype=args.dtype)
+        profile = dataclasses.replace(profile, generation=generation)
+    return load_profile_model(profile, args.device)
+
+
+def _closed_loop(args: argparse.Namespace, profile: Profile) -> int:
+    """The closed-loop bench of ``profile`` (``bench_episodes.py``)."""
+    try:
+        profile, conversion = prepare_profile(profile, _cache(args), print)
+        store = _store(args, _cache(args), profile, conversion)
+        loaded = _load(args, profile)
+    except (CheckpointError, OSError) as exc:
+        return _fail(str(exc))
+    return bench_closed_loop(args, profile, loaded, store)
 
 
 def _print_main_run(
@@ -494,26 +557,19 @@ def _print_main_run(
 def cli_main(args: argparse.Namespace) -> int:
     """Run the benchmark; see the module docstring."""
     try:
-        profile, scenarios, store = _inputs(args)
+        profile = _profile(args)
+        if profile.env is not None:
+            return _closed_loop(args, profile)
+        profile, scenarios, store = _inputs(args, profile)
     except (ProfileError, BenchmarkError, CheckpointError, OSError, _Refused) as exc:
         return _fail(str(exc))
-    # Deferred: torch takes seconds; `memeval --help` and the other commands never need it.
-    import torch
-
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    settings = profile.generation
     try:
-        loaded = load_model(
-            profile.model_dir,
-            profile.adapter,
-            tokenizer_dir=profile.tokenizer,
-            attn_implementation=settings.attn_implementation,
-            device=args.device,
-            dtype=args.dtype or settings.dtype,
-        )
+        loaded = _load(args, profile)
     except CheckpointError as exc:
         return _fail(str(exc))
+    import torch
+
+    settings = profile.generation
     max_new = settings.max_new_tokens
     n_turns = sum(len(s.assistant_indices) for s in scenarios)
     print(

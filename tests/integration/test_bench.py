@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import textwrap
+from pathlib import Path
 
 import pytest
 
 from pytest_memeval.tools.cli import main
 
-from ..conftest import REPO
+from ..conftest import ADAPTERS, BASE_MODEL, REPO
+from ..envs import TWC_TOML, require_textworld
 
 LAST_LINE = re.compile(r"^fast/reference speedup: \d+\.\dx, predictions identical: (yes|no)$")
 
@@ -100,3 +103,79 @@ def test_bench_refuses_a_replay_profile(capsys: pytest.CaptureFixture[str]) -> N
     code = main(["bench", "--profiles", str(REPO / "pyproject.toml"), "--profile", "oracle-replay"])
     assert code == 2
     assert "has no model to decode with" in capsys.readouterr().err
+
+
+CLOSED_LOOP_LAST_LINE = re.compile(
+    r"^fast/reference speedup: \d+\.\dx, trajectories identical: (yes|no)$"
+)
+
+
+def _closed_loop_profiles(tmp_path: Path) -> Path:
+    """A pyproject with ``loop``: the demo checkpoint acting in TextWorld Express (twc)."""
+    require_textworld()
+    path = tmp_path / "pyproject.toml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            [tool.memeval.ckpt.loop]
+            model = "{BASE_MODEL.as_posix()}"
+            adapter = "{(ADAPTERS / "oracle").as_posix()}"
+            generation = {{ max_new_tokens = 6 }}
+            env = {{ {TWC_TOML}, seeds = "0-9", max_steps = 6 }}
+            """
+        ),
+        "utf-8",
+    )
+    return path
+
+
+@pytest.mark.slow
+def test_bench_on_a_closed_loop_profile_prints_both_times_the_floor_and_the_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The profile's first 5 seeds in the real simulator, the fast policy stepping 3
+    episodes together (two groups): every trajectory is the reference policy's. The fast
+    policy's calibration is measured and stored in the cache directory, then reused."""
+    profiles = _closed_loop_profiles(tmp_path)
+    command = ["bench", "--profiles", str(profiles), "--profile", "loop", "-n", "5"]
+    command += ["--episodes-together", "3", "--threads", "1", "--cache-dir", str(tmp_path)]
+    code = main(command)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("memeval bench: profile loop, closed loop, 5 episodes ("), lines
+    assert "twc, fold test, seeds 0-4, max_steps 6" in lines[0]
+    reference = re.match(r"^reference: +([\d.]+) s  \((\d+) steps, one episode at a time", lines[1])
+    assert reference, lines
+    assert re.match(r"^fast: +[\d.]+ s  \(up to 3 episodes stepped together\)$", lines[2])
+    steps = re.match(r"^  (\d+) steps: (\d+) from the kept cache, ", lines[3])
+    assert steps and steps.group(1) == reference.group(2), lines
+    assert int(steps.group(2)) > 0  # the kept caches decided steps
+    passes = r"^  \d+ extension passes \(\d+ in one row\), \d+ batched generate calls; "
+    assert re.match(passes + "seconds: ", lines[4]), lines
+    # The calibration: measured now and stored in the cache directory, the fast time apart
+    # from its reference calls after it.
+    assert re.match(r"^calibration: measured now over 8 cached steps .*, stored in ", lines[5])
+    assert re.match(r"^fast without calibration: +[\d.]+ s  \(\d+\.\dx the reference\)$", lines[6])
+    floors = [x for x in lines if x.startswith("floor:")]
+    assert len(floors) == 1, lines
+    floor = re.match(
+        r"^floor: +([\d.]+) s  one forward pass .*; fast path \d+\.\dx the floor$", floors[0]
+    )
+    assert floor and 0 < float(floor.group(1)) < float(reference.group(1)), lines
+    match = CLOSED_LOOP_LAST_LINE.match(lines[-1])
+    assert match and match.group(1) == "yes" and code == 0, lines
+    # A second bench of the same model and setting reuses it, with the same trajectories.
+    code = main(command)
+    again = capsys.readouterr().out.strip().splitlines()
+    assert re.match(r"^calibration: reused \(measured .* over 8 cached steps, stored in ", again[5])
+    assert again[-1].endswith("trajectories identical: yes") and code == 0, again
+
+
+def test_bench_refuses_scenario_options_on_a_closed_loop_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profiles = _closed_loop_profiles(tmp_path)
+    base = ["bench", "--profiles", str(profiles), "--profile", "loop"]
+    assert main([*base, "--history", "model"]) == 2
+    assert "closed-loop profile: every action is the model's own" in capsys.readouterr().err
+    assert main([*base, "--episodes-together", "0"]) == 2
+    assert "--episodes-together must be >= 1" in capsys.readouterr().err

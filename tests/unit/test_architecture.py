@@ -295,6 +295,7 @@ FAST_MODULES = (
     "stored",
     "history",
     "decoder",
+    "extension",
     "episodes",
 )
 #: "a stage is a file a newcomer can read top to bottom" (docs/architecture.md)

@@ -78,7 +78,7 @@ from pytest_memeval.decode.fast.decoder import (
     DEFAULT_MAX_BATCH_TOKENS,
     FastDecoder,
 )
-from pytest_memeval.decode.fast.episodes import CALIBRATION_STEPS, FastPolicy
+from pytest_memeval.decode.fast.episodes import CALIBRATION_STEPS, EPISODES_TOGETHER, FastPolicy
 from pytest_memeval.decode.fast.exact import ExactStage
 from pytest_memeval.decode.fast.generate import GENERATE_LOGITS_BYTES, GENERATE_ROWS
 from pytest_memeval.decode.fast.kvcache import CacheSlice
@@ -112,6 +112,7 @@ __all__ = [
     "DEFAULT_ACCELERATOR_BATCH_SIZE",
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_MAX_BATCH_TOKENS",
+    "EPISODES_TOGETHER",
     "FORWARD_MIN_FILL",
     "GENERATE_LOGITS_BYTES",
     "GENERATE_ROWS",

@@ -11,8 +11,12 @@ values are already computed. :class:`FastPolicy` keeps them:
    tokenises it), and checked against the context limit the same way. The cache is reused
    only for the longest common prefix of those ids with the ids a kept cache holds, never
    for tokens the model generated and the template re-encodes differently.
-2. **Extension**: one cached forward pass over the prompt's new tokens but its last (batch
-   1, positions from the kept length) grows the kept cache to the whole prompt but one token.
+2. **Extension**: one forward pass over the new tokens but the last of several prompts at
+   once grows each kept cache to its whole prompt but one token: in one row without padding,
+   each prompt's tokens attending over its kept keys and values as they are (segment
+   attention, as the verification pass's packed pass), their keys and values captured and
+   appended; where the model does not allow that, over the left-padded, cut caches. The
+   prompts of a pass are planned by the tokens they feed (``rules.py``).
 3. **Decoding**: the steps of every episode asked at once (:meth:`FastPolicy.decide`) take
    one batched greedy ``generate`` from those caches (``generate.py``'s call: left padding,
    each row feeding its prompt's last token), keeping each step's logits.
@@ -40,19 +44,18 @@ from typing import TYPE_CHECKING
 from pytest_memeval.compat.attention import switched_attention
 from pytest_memeval.compat.transformers import (
     dynamic_cache,
-    forward_parameters,
-    full_attention_kv,
-    lm_forward,
 )
 from pytest_memeval.decode.batches import even_batches
 from pytest_memeval.decode.fast.bounds import Bounds, Calibration, Disagreement, Kind
 from pytest_memeval.decode.fast.calibration import Measurements, measurement_setting
+from pytest_memeval.decode.fast.extension import Extender, Layers
 from pytest_memeval.decode.fast.forward import forward_attention_for
 from pytest_memeval.decode.fast.generate import GenerateRow, Generator, used_tokens
-from pytest_memeval.decode.fast.kvcache import CacheSlice, cut_inputs
-from pytest_memeval.decode.fast.rules import DEFAULT_MAX_BATCH_TOKENS
+from pytest_memeval.decode.fast.kvcache import CacheSlice
+from pytest_memeval.decode.fast.rules import DEFAULT_MAX_BATCH_TOKENS, batching_rules
 from pytest_memeval.decode.fast.shared import Shared
 from pytest_memeval.decode.fast.stats import ClosedLoopStats
+from pytest_memeval.decode.fast.stored import CalibrationOutcome, CalibrationStore, Measurement
 from pytest_memeval.decode.fast.verify import Continuation
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.decode.reference import ReferenceSteps, decode_new_tokens, reference_steps
@@ -60,18 +63,20 @@ from pytest_memeval.env import ContextLimitExceeded, Message, PolicyOutput
 from pytest_memeval.model.loading import LoadedModel
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
-__all__ = ["CALIBRATION_STEPS", "KEPT_CACHES", "FastPolicy"]
+__all__ = ["CALIBRATION_STEPS", "EPISODES_TOGETHER", "KEPT_CACHES", "FastPolicy"]
 
 #: Cached steps a policy also decodes with the reference call to measure its disagreement
 #: before it trusts its own decisions (the returned output of those steps is the reference's).
 CALIBRATION_STEPS = 8
+#: Most episodes one process steps together (:meth:`FastPolicy.decide`'s batch): a ``generate``
+#: step costs about the same for 1 row or 16 on a CPU (it reads every weight once), so more
+#: episodes at once spread that cost; each holds an environment (a JVM for TextWorld Express).
+EPISODES_TOGETHER = 8
 #: Caches a policy keeps (the most recently used): one per episode under way is enough; the
-#: lockstep runner holds at most this many episodes at once.
-KEPT_CACHES = 16
-
-_Layers = list[tuple["torch.Tensor", "torch.Tensor"]]
+#: lockstep runner holds at most :data:`EPISODES_TOGETHER` episodes at once.
+KEPT_CACHES = 2 * EPISODES_TOGETHER
 
 
 @dataclass
@@ -79,7 +84,7 @@ class _Kept:
     """Token ids and the keys and values (batch 1, per layer) of exactly those tokens."""
 
     ids: tuple[int, ...]
-    layers: _Layers
+    layers: Layers
     used: int = 0
 
 
@@ -91,6 +96,43 @@ class _Prefix:
     length: int
 
 
+class _KeptCaches:
+    """The caches a policy keeps across steps, the most recently used first to stay."""
+
+    def __init__(self) -> None:
+        self._kept: list[_Kept] = []
+        self._clock = 0
+
+    def longest_prefix(self, ids: tuple[int, ...]) -> _Prefix | None:
+        """The kept cache sharing the most first tokens with ``ids`` (short of its last
+        token, whose logits decide the first output token); ``None`` when none shares one
+        (an episode's first step, unless another episode's system prompt is kept)."""
+        best: _Prefix | None = None
+        for kept in self._kept:
+            limit = min(len(kept.ids), len(ids) - 1)
+            same = 0
+            while same < limit and kept.ids[same] == ids[same]:
+                same += 1
+            if same > 0 and (best is None or same > best.length):
+                best = _Prefix(kept, same)
+        return best
+
+    def touch(self, kept: _Kept) -> None:
+        """``kept`` was used now."""
+        self._clock += 1
+        kept.used = self._clock
+
+    def keep(self, ids: tuple[int, ...], layers: Layers) -> None:
+        """Keep ``layers`` as the cache of ``ids`` (dropping the least recently used past
+        :data:`KEPT_CACHES`, and any kept cache of a prefix of ``ids``: this one holds it)."""
+        self._clock += 1
+        self._kept = [k for k in self._kept if k.ids != ids[: len(k.ids)]]
+        self._kept.append(_Kept(ids, layers, self._clock))
+        if len(self._kept) > KEPT_CACHES:
+            self._kept.sort(key=lambda k: k.used)
+            del self._kept[0]
+
+
 class FastPolicy(ModelPolicy):
     """The reference policy's actions, computed from kept caches and in batches (see the
     module docstring). A :data:`~pytest_memeval.env.Policy` (one conversation at a time) and,
@@ -98,7 +140,9 @@ class FastPolicy(ModelPolicy):
 
     ``margin``: a fixed bound for every decision (no calibration; ``memeval bench
     --margin``); ``calibration_steps``: how many cached steps are measured against the
-    reference call first (0: the fixed bounds of ``bounds.MARGINS`` by dtype).
+    reference call first (0: the fixed bounds of ``bounds.MARGINS`` by dtype); ``store``:
+    where calibrations are kept (``stored.py``): one stored for this model and setting is
+    used instead of measuring, and one measured is stored.
     """
 
     def __init__(
@@ -110,6 +154,7 @@ class FastPolicy(ModelPolicy):
         margin: float | None = None,
         calibration_steps: int = CALIBRATION_STEPS,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        store: CalibrationStore | None = None,
     ) -> None:
         super().__init__(loaded, max_new_tokens, context_limit=context_limit)
         device_type = loaded.device.split(":")[0]
@@ -122,10 +167,28 @@ class FastPolicy(ModelPolicy):
         #: the reference calls keep the model's own
         self.attention = forward_attention_for(loaded, "auto")
         self.stats = ClosedLoopStats()
+        self.extender = Extender(
+            loaded,
+            self.attention,
+            batching_rules(device_type, loaded.dtype),
+            max_batch_tokens,
+            self.stats,
+        )
         self._calibration_left = 0 if margin is not None else calibration_steps
         self._measured = Measurements(loaded.dtype)
-        self._kept: list[_Kept] = []
-        self._clock = 0
+        self._kept = _KeptCaches()
+        self.store = store
+        #: how the calibration in use came about: measured by this policy (and stored, if
+        #: it could be) or reused from the store; ``None`` without a store or until then
+        self.calibration_outcome: CalibrationOutcome | None = None
+        if store is not None and self._calibration_left > 0:
+            setting = self._setting(self._calibration_left)
+            stored = store.lookup(setting)
+            if stored is not None:
+                self.bounds.use(stored.calibration)
+                entry = store.entry(setting)
+                self.calibration_outcome = CalibrationOutcome("reused", 0.0, entry, stored)
+                self._calibration_left = 0
 
     # -- the policy ------------------------------------------------------------------------
 
@@ -152,7 +215,7 @@ class FastPolicy(ModelPolicy):
                 decided[n] = over
                 continue
             self.stats.steps += 1
-            prefix = self._longest_prefix(ids)
+            prefix = self._kept.longest_prefix(ids)
             if prefix is None:
                 self.stats.first_steps += 1
                 decided[n] = self._reference(ids)
@@ -172,21 +235,7 @@ class FastPolicy(ModelPolicy):
         assert all(d is not None for d in decided)  # every conversation was decided above
         return [d for d in decided if d is not None]
 
-    # -- the kept caches -------------------------------------------------------------------
-
-    def _longest_prefix(self, ids: tuple[int, ...]) -> _Prefix | None:
-        """The kept cache sharing the most first tokens with ``ids`` (short of its last
-        token, whose logits decide the first output token); ``None`` when none shares one
-        (an episode's first step, unless another episode's system prompt is kept)."""
-        best: _Prefix | None = None
-        for kept in self._kept:
-            limit = min(len(kept.ids), len(ids) - 1)
-            same = 0
-            while same < limit and kept.ids[same] == ids[same]:
-                same += 1
-            if same > 0 and (best is None or same > best.length):
-                best = _Prefix(kept, same)
-        return best
+    # -- growing the kept caches -----------------------------------------------------------
 
     def _grow(
         self, prompts: Sequence[tuple[int, ...]], prefixes: dict[int, _Prefix]
@@ -195,11 +244,10 @@ class FastPolicy(ModelPolicy):
         the last: its prefix's, grown by batched extension passes over the rest (and kept
         for the next step). A prompt missing from the result has no cache this model can
         keep (it goes to the reference call)."""
-        layers_of: dict[int, _Layers] = {}
+        layers_of: dict[int, Layers] = {}
         growths: dict[int, Continuation] = {}
         for n, prefix in prefixes.items():
-            self._clock += 1
-            prefix.kept.used = self._clock
+            self._kept.touch(prefix.kept)
             self.stats.reused_tokens += prefix.length
             cut = [
                 (k[:, :, : prefix.length], v[:, :, : prefix.length]) for k, v in prefix.kept.layers
@@ -211,64 +259,17 @@ class FastPolicy(ModelPolicy):
                 context = CacheSlice(dynamic_cache(cut), 0, 0, prefix.length)
                 growths[n] = Continuation(context, ids[prefix.length : -1])
         order = list(growths)
-        lengths = [len(prompts[n]) for n in order]
-        for batch in even_batches(lengths, self.generator.rows_per_call, self.max_batch_tokens):
+        for batch in self.extender.passes([len(growths[n].tokens) for n in order]):
             rows = [order[k] for k in batch]
-            grown = self._extend([growths[n] for n in rows])
+            grown = self.extender.extend([growths[n] for n in rows])
             if grown is not None:
                 layers_of.update(zip(rows, grown, strict=True))
         contexts = {}
         for n in prefixes:
             if n in layers_of:
-                self._keep(prompts[n][:-1], layers_of[n])
+                self._kept.keep(prompts[n][:-1], layers_of[n])
                 contexts[n] = CacheSlice(dynamic_cache(layers_of[n]), 0, 0, len(prompts[n]) - 1)
         return contexts
-
-    def _extend(self, growths: Sequence[Continuation]) -> list[_Layers] | None:
-        """Each context grown by its tokens, in one cached forward pass over all of them
-        (the verification pass's cut computation: ``kvcache.cut_inputs``), keeping only
-        the cache; ``None`` where the caches cannot be cut."""
-        import torch
-
-        started = time.perf_counter()
-        contexts = [g.context for g in growths]
-        cut = cut_inputs(contexts, [g.tokens for g in growths], self.loaded.pad_id)
-        if cut is None:
-            return None
-        device = self.loaded.device
-        inputs: dict[str, object] = {
-            "input_ids": cut.input_ids.to(device),
-            "attention_mask": cut.attention_mask.to(device),
-        }
-        params = forward_parameters(self.loaded.model)
-        if params.position_ids:
-            inputs["position_ids"] = cut.position_ids.to(device)
-        if params.logits_to_keep:
-            inputs["logits_to_keep"] = 1  # only the cache is wanted
-        with torch.inference_mode(), switched_attention(self.loaded.model, self.attention):
-            out = lm_forward(self.loaded.model, inputs, cache=cut.cache)
-        layers = full_attention_kv(out.cache)
-        self.stats.extended_tokens += sum(len(g.tokens) for g in growths)
-        self.stats.extend_passes += 1
-        self.stats.seconds["extend"] += time.perf_counter() - started
-        if layers is None:
-            return None
-        rows = []
-        for r, g in enumerate(growths):
-            # its cache, then its new tokens
-            own = slice(cut.width - g.context.length, cut.width + len(g.tokens))
-            rows.append([(k[r : r + 1, :, own], v[r : r + 1, :, own]) for k, v in layers])
-        return rows
-
-    def _keep(self, ids: tuple[int, ...], layers: _Layers) -> None:
-        """Keep ``layers`` as the cache of ``ids`` (dropping the least recently used past
-        :data:`KEPT_CACHES`, and any kept cache of a prefix of ``ids``: this one holds it)."""
-        self._clock += 1
-        self._kept = [k for k in self._kept if k.ids != ids[: len(k.ids)]]
-        self._kept.append(_Kept(ids, layers, self._clock))
-        if len(self._kept) > KEPT_CACHES:
-            self._kept.sort(key=lambda k: k.used)
-            del self._kept[0]
 
     # -- decoding --------------------------------------------------------------------------
 
@@ -294,7 +295,9 @@ class FastPolicy(ModelPolicy):
             if self._calibration_left > 0:
                 self._calibration_left -= 1
                 self.stats.calibration_steps += 1
+                started = time.perf_counter()
                 reference = self._reference_steps(prompts[n])
+                self.stats.calibration_seconds += time.perf_counter() - started
                 self._measured.add_agreeing("generate", call.logits_of(r), new, reference)
                 outputs.append(self._output(reference.tokens))
                 if self._calibration_left == 0:
@@ -310,19 +313,34 @@ class FastPolicy(ModelPolicy):
                 outputs.append(self._output(self._reference_steps(prompts[n]).tokens))
         return outputs
 
-    def _calibrated(self) -> None:
-        """The bounds from this policy's measurements (``generate``: cached, batched
-        generation vs the reference call on the same prompts)."""
+    def _setting(self, steps: int) -> dict[str, str | int | None]:
+        """What this policy's calibration of ``steps`` cached steps depends on besides the
+        weights (``calibration.measurement_setting``), marked as the closed loop's (stored
+        apart from the teacher-forced decoder's), with how its extension passes run."""
         setting = measurement_setting(
             self.loaded,
             self.attention,
             batch_size=self.generator.rows_per_call,
             max_batch_tokens=self.max_batch_tokens,
             max_new_tokens=self.max_new_tokens,
-            turns=self.stats.calibration_steps,
+            turns=steps,
         )
+        extension = "segments" if self.extender.segments_unavailable is None else "cut"
+        return {**setting, "measured_by": "closed_loop_policy", "extension": extension}
+
+    def _calibrated(self) -> None:
+        """The bounds from this policy's measurements (``generate``: cached, batched
+        generation vs the reference call on the same prompts), stored when there is a
+        store."""
+        steps = self.stats.calibration_steps
+        setting = self._setting(steps)
         measured: dict[Kind, Disagreement] = {"generate": self._measured.disagreement()["generate"]}
-        self.bounds.use(Calibration(setting, self.stats.calibration_steps, measured))
+        calibration = Calibration(setting, steps, measured)
+        self.bounds.use(calibration)
+        if self.store is not None:
+            self.calibration_outcome = self.store.save(
+                setting, Measurement(calibration), self.stats.calibration_seconds
+            )
 
     def _reference(self, ids: tuple[int, ...]) -> PolicyOutput:
         """The reference call's output on ``ids`` (its prompt's cache kept)."""
@@ -333,7 +351,7 @@ class FastPolicy(ModelPolicy):
         started = time.perf_counter()
         call = reference_steps(self.loaded, ids, self.max_new_tokens, keep_prompt_cache=True)
         if call.prompt_cache is not None:
-            self._keep(ids, list(call.prompt_cache))
+            self._kept.keep(ids, list(call.prompt_cache))
         self.stats.seconds["reference"] += time.perf_counter() - started
         return call
 

@@ -146,7 +146,11 @@ class ClosedLoopStats:
     extended_tokens: int = 0
     #: batched extension passes and ``generate`` calls
     extend_passes: int = 0
+    #: ... of them in one row with segment attention (the others over cut, padded caches)
+    flat_extend_passes: int = 0
     generate_calls: int = 0
+    #: seconds of the reference calls made to calibrate (inside ``seconds["reference"]``)
+    calibration_seconds: float = 0.0
     #: wall-clock seconds: prompts, extension passes, batched generate, reference calls
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(("prompts", "extend", "generate", "reference"), 0.0)

@@ -37,6 +37,7 @@ from typing import Literal, TypeAlias
 
 from pytest_memeval.compat import installed_version
 from pytest_memeval.core.cache import cache_entry, produce_once
+from pytest_memeval.core.rundir import atomic_write
 from pytest_memeval.decode.fast.bounds import Calibration, Setting
 
 __all__ = [
@@ -218,6 +219,42 @@ class CalibrationStore:
             "again, not stored"
         )
         return _replace_entry(_measure(key, self.run, measure, entry))
+
+    def lookup(self, setting: Setting) -> StoredCalibration | None:
+        """The stored calibration of ``setting`` if there is one this store may reuse,
+        else ``None`` (no entry, one that cannot be read, or, with ``fresh``, one measured
+        by another run): for a caller that measures as it goes and stores it with :meth:`save`
+        (the closed loop's policy, ``episodes.py``); never waits on a lock."""
+        try:
+            data = json.loads(self.entry(setting).read_text("utf-8"))
+            stored = StoredCalibration.from_dict(data)
+        except (OSError, ValueError):  # absent, unreadable or not an entry: measured again
+            return None
+        if stored.key != self.key(setting) or dict(stored.calibration.setting) != dict(setting):
+            return None
+        if self.fresh and stored.run != self.run:
+            return None
+        return stored
+
+    def save(
+        self, setting: Setting, measurement: Measurement, seconds: float
+    ) -> CalibrationOutcome:
+        """Store ``measurement`` of ``setting`` (``seconds`` it took) atomically, replacing
+        any entry (two processes that both measured store equally valid calibrations); a
+        cache directory that cannot be written costs the reuse, with a
+        :class:`CalibrationCacheWarning`."""
+        entry, key = self.entry(setting), self.key(setting)
+        created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        stored = StoredCalibration(key, measurement, round(seconds, 3), self.run, created)
+        try:
+            atomic_write(entry, json.dumps(stored.to_dict(), indent=1))
+        except OSError as exc:
+            _warn(
+                f"the calibration cannot be stored at {entry} ({exc}); measured and used, "
+                "not stored: the next run measures it again"
+            )
+            return CalibrationOutcome("measured", seconds, None, stored)
+        return CalibrationOutcome("measured", seconds, entry, stored)
 
 
 def _measure(

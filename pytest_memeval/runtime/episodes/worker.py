@@ -1,8 +1,10 @@
 """The worker side of a closed-loop run: one model and one environment per process.
 
 Each process that runs episode items (an xdist worker, or the single process) loads the
-checkpoint once, at its first episode, as the policy (``decode/policy.ModelPolicy``: one
-greedy ``generate`` over the whole conversation per action, the reference decoder), and holds
+checkpoint once, at its first episode, as the policy (``decode/fast.FastPolicy`` by default,
+its calibration kept in the cache directory; ``--memeval-decode reference``:
+``decode/policy.ModelPolicy``, one greedy ``generate`` over the whole conversation per
+action, the reference decoder), and holds
 one :class:`~pytest_memeval.env.EpisodeRunner`: the environment is started at the first
 episode, replaced after an environment error, and closed when the process's session ends (no
 JVM is left behind). Each item's episode record rides on its report to the controller, as a
@@ -12,6 +14,7 @@ an *error*, never a failure of the model.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Generator
 from typing import Any
 
@@ -24,17 +27,17 @@ from pytest_memeval.core.episode_records import (
     episode_from_record,
     episode_record,
 )
-from pytest_memeval.decode.fast import FastPolicy
+from pytest_memeval.decode.fast import EPISODES_TOGETHER, CalibrationStore, FastPolicy
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.env import EpisodeRunner
 from pytest_memeval.model.loading import load_profile_model
 from pytest_memeval.runtime.assertions import WrongAnswer
 from pytest_memeval.runtime.devices import worker_device
 from pytest_memeval.runtime.episodes.items import EpisodeState, env_maker, item_seed
+from pytest_memeval.runtime.session import cache_dir
 from pytest_memeval.runtime.state import is_worker
 
 __all__ = [
-    "EPISODES_TOGETHER",
     "WORKER_NAME",
     "EnvironmentFailure",
     "EpisodeFailed",
@@ -46,8 +49,6 @@ __all__ = [
 
 WORKER_NAME = "memeval-episode-worker"
 _RECORD_KEY = pytest.StashKey[EpisodeRecord]()
-#: Most episodes one process steps together (the fast path's batch of conversations)
-EPISODES_TOGETHER = 8
 
 
 class EpisodeFailed(WrongAnswer):
@@ -91,9 +92,27 @@ class EpisodeWorker:
             profile = self.state.profile
             loaded = load_profile_model(profile, worker_device(self.config))
             max_new = profile.generation.max_new_tokens
-            fast = self.state.decode_path == "fast"
-            self._policy = FastPolicy(loaded, max_new) if fast else ModelPolicy(loaded, max_new)
+            if self.state.decode_path == "fast":
+                self._policy = FastPolicy(loaded, max_new, store=self._calibration_store())
+            else:
+                self._policy = ModelPolicy(loaded, max_new)
         return self._policy
+
+    def _calibration_store(self) -> CalibrationStore:
+        """Where the fast policy's calibration is kept between runs and processes: the
+        cache directory, keyed by the model's fingerprints (``decode/fast/stored.py``);
+        ``--memeval-recalibrate``: this process measures it again."""
+        weights = ("model", "adapter", "tokenizer")
+        config = self.config
+        fresh = bool(
+            config.getoption("memeval_recalibrate", False) or config.getini("memeval_recalibrate")
+        )
+        return CalibrationStore(
+            cache_dir(config),
+            {k: v for k, v in self.state.fingerprints.items() if k in weights},
+            run=uuid.uuid4().hex,
+            fresh=fresh,
+        )
 
     def run(self, item: pytest.Item, seed: int) -> EpisodeRecord:
         """The episode of ``seed``, its record attached to ``item``'s report."""
