@@ -25,7 +25,7 @@ from pytest_memeval.core.ids import param_id
 from pytest_memeval.core.profiles import Profile, ProfileError, describe_overrides
 from pytest_memeval.core.sharding import describe_shard
 from pytest_memeval.decode import make_model_decoder
-from pytest_memeval.decode.fast import CalibrationStore
+from pytest_memeval.decode.fast import CalibrationStore, weight_fingerprints
 from pytest_memeval.decode.replay import ReplayDecoder
 from pytest_memeval.model.checks import CheckpointError
 from pytest_memeval.model.loading import load_profile_model
@@ -509,10 +509,9 @@ def calibration_store(config: pytest.Config) -> CalibrationStore | None:
     state = config.stash[STATE_KEY]
     if state.cache_dir is None:
         return None
-    weights = ("model", "adapter", "tokenizer")
     return CalibrationStore(
         state.cache_dir,
-        {k: v for k, v in state.fingerprints.items() if k in weights},
+        weight_fingerprints(state.fingerprints),
         run=state.run_id,
         fresh=state.recalibrate,
     )

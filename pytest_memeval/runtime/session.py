@@ -330,10 +330,12 @@ def _cache_use(config: pytest.Config, wi: MemevalWorkerInput | None) -> _CacheUs
             str(wi.get("memeval_run_id", "")),
             bool(wi.get("memeval_recalibrate", False)),
         )
-    recalibrate = config.getoption("memeval_recalibrate") or bool(
-        config.getini("memeval_recalibrate")
-    )
-    return _CacheUse(cache_dir(config), uuid.uuid4().hex, bool(recalibrate))
+    return _CacheUse(cache_dir(config), uuid.uuid4().hex, recalibrate_requested(config))
+
+
+def recalibrate_requested(config: pytest.Config) -> bool:
+    """``--memeval-recalibrate``, else the ``memeval_recalibrate`` ini value."""
+    return bool(config.getoption("memeval_recalibrate") or config.getini("memeval_recalibrate"))
 
 
 def _history(config: pytest.Config) -> str:

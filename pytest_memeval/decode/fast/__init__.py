@@ -101,6 +101,7 @@ from pytest_memeval.decode.fast.stored import (
     CalibrationOutcome,
     CalibrationStore,
     StoredCalibration,
+    weight_fingerprints,
 )
 from pytest_memeval.decode.fast.verify import Acceptance, Continuation, accept
 
@@ -155,4 +156,5 @@ __all__ = [
     "summarize",
     "ulp",
     "unsafe_generation_settings",
+    "weight_fingerprints",
 ]

@@ -72,16 +72,20 @@ class Extender:
         (:meth:`_flat`), else over the left-padded, cut caches (the verification
         pass's cut computation: ``kvcache.cut_inputs``); ``None`` where the caches cannot
         be cut."""
-        import torch
-
         started = time.perf_counter()
         flat = self._flat(growths)
-        if flat is not None:
-            self.stats.extended_tokens += sum(len(g.tokens) for g in growths)
-            self.stats.extend_passes += 1
-            self.stats.flat_extend_passes += 1
-            self.stats.seconds["extend"] += time.perf_counter() - started
-            return flat
+        grown = flat if flat is not None else self._cut(growths)
+        self.stats.extended_tokens += sum(len(g.tokens) for g in growths)
+        self.stats.extend_passes += 1
+        self.stats.flat_extend_passes += int(flat is not None)
+        self.stats.seconds["extend"] += time.perf_counter() - started
+        return grown
+
+    def _cut(self, growths: Sequence[Continuation]) -> list[Layers] | None:
+        """The extension over the left-padded, cut caches; ``None`` where they cannot be
+        cut."""
+        import torch
+
         contexts = [g.context for g in growths]
         cut = cut_inputs(contexts, [g.tokens for g in growths], self.loaded.pad_id)
         if cut is None:
@@ -99,9 +103,6 @@ class Extender:
         with torch.inference_mode(), switched_attention(self.loaded.model, self.attention):
             out = lm_forward(self.loaded.model, inputs, cache=cut.cache)
         layers = full_attention_kv(out.cache)
-        self.stats.extended_tokens += sum(len(g.tokens) for g in growths)
-        self.stats.extend_passes += 1
-        self.stats.seconds["extend"] += time.perf_counter() - started
         if layers is None:
             return None
         rows = []
@@ -143,9 +144,9 @@ class Extender:
         or the caches do not allow it (the cut pass computes it then)."""
         import torch
 
-        contexts = [g.context for g in growths]
         if self.segments_unavailable is not None or any(not g.tokens for g in growths):
             return None
+        contexts = [g.context for g in growths]
         source = packed_source(contexts)
         if source is None:
             return None

@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from pytest_memeval.compat import installed_version
 from pytest_memeval.core.cache import cache_entry, produce_once
@@ -48,6 +48,7 @@ __all__ = [
     "Measurement",
     "Source",
     "StoredCalibration",
+    "weight_fingerprints",
 ]
 
 #: The stored document's format; part of the key. Bump it when what is measured or how it
@@ -139,6 +140,12 @@ class CalibrationOutcome:
     seconds: float
     entry: Path | None
     stored: StoredCalibration
+
+
+def weight_fingerprints(fingerprints: Mapping[str, Any]) -> dict[str, str | None]:
+    """Of a run's fingerprints, those of the weights a calibration depends on (model,
+    adapter, tokenizer): what a :class:`CalibrationStore` is keyed by."""
+    return {k: v for k, v in fingerprints.items() if k in ("model", "adapter", "tokenizer")}
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,19 @@ from pytest_memeval.core.episode_records import (
     episode_from_record,
     episode_record,
 )
-from pytest_memeval.decode.fast import EPISODES_TOGETHER, CalibrationStore, FastPolicy
+from pytest_memeval.decode.fast import (
+    EPISODES_TOGETHER,
+    CalibrationStore,
+    FastPolicy,
+    weight_fingerprints,
+)
 from pytest_memeval.decode.policy import ModelPolicy
 from pytest_memeval.env import EpisodeRunner
 from pytest_memeval.model.loading import load_profile_model
 from pytest_memeval.runtime.assertions import WrongAnswer
 from pytest_memeval.runtime.devices import worker_device
 from pytest_memeval.runtime.episodes.items import EpisodeState, env_maker, item_seed
-from pytest_memeval.runtime.session import cache_dir
+from pytest_memeval.runtime.session import cache_dir, recalibrate_requested
 from pytest_memeval.runtime.state import is_worker
 
 __all__ = [
@@ -102,16 +107,11 @@ class EpisodeWorker:
         """Where the fast policy's calibration is kept between runs and processes: the
         cache directory, keyed by the model's fingerprints (``decode/fast/stored.py``);
         ``--memeval-recalibrate``: this process measures it again."""
-        weights = ("model", "adapter", "tokenizer")
-        config = self.config
-        fresh = bool(
-            config.getoption("memeval_recalibrate", False) or config.getini("memeval_recalibrate")
-        )
         return CalibrationStore(
-            cache_dir(config),
-            {k: v for k, v in self.state.fingerprints.items() if k in weights},
+            cache_dir(self.config),
+            weight_fingerprints(self.state.fingerprints),
             run=uuid.uuid4().hex,
-            fresh=fresh,
+            fresh=recalibrate_requested(self.config),
         )
 
     def run(self, item: pytest.Item, seed: int) -> EpisodeRecord:
