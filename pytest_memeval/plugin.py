@@ -45,7 +45,13 @@ from pytest_memeval.runtime.episodes import (
     parametrize_episodes,
     provide_episode_items,
 )
-from pytest_memeval.runtime.eval_items import PROVIDED, eval_item_count, scenario_param
+from pytest_memeval.runtime.eval_items import (
+    NO_PROFILE_ID,
+    PROVIDED,
+    SCENARIO_FIXTURE,
+    eval_item_count,
+    scenario_param,
+)
 
 # The fixtures live in one module so a reader finds them by name; importing them here
 # registers them with this plugin.
@@ -451,7 +457,7 @@ def pytest_report_collectionfinish(
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     parametrize_episodes(metafunc)
-    if "memeval_scenario" not in metafunc.fixturenames:
+    if SCENARIO_FIXTURE not in metafunc.fixturenames:
         return
     state = metafunc.config.stash.get(STATE_KEY, None)
     if state is None:
@@ -459,9 +465,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "no --ckpt given: eval items need a checkpoint profile "
             "(e.g. pytest --ckpt oracle; profiles are [tool.memeval.ckpt.*] tables)"
         )
+        episode_state = metafunc.config.stash.get(EPISODE_STATE_KEY, None)
+        if episode_state is not None:
+            reason = (
+                f"--ckpt {episode_state.profile.name} is a closed-loop profile: its items are "
+                "memeval::test_episode[...]; scenario items need a benchmark profile"
+            )
         metafunc.parametrize(
-            "memeval_scenario",
-            [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-ckpt")],
+            SCENARIO_FIXTURE,
+            [pytest.param(None, marks=pytest.mark.skip(reason=reason), id=NO_PROFILE_ID)],
             indirect=True,
         )
         return
@@ -470,7 +482,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # The id is ids.param_id(sid): safe in node ids, -k, --deselect, --lf and JUnit for
     # any scenario id (pytest would escape non-ASCII; "::" and brackets break node ids).
     params = [pytest.param(sid, id=param_id(sid), marks=eval_mark) for sid in state.scope_ids]
-    metafunc.parametrize("memeval_scenario", params, indirect=True)
+    metafunc.parametrize(SCENARIO_FIXTURE, params, indirect=True)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

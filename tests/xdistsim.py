@@ -114,7 +114,10 @@ class Simulation:
             if not busy:
                 if all(n.shutting_down and not n.queue for n in self.nodes):
                     for node in self.nodes:  # each worker's session ends
-                        self.scheduler.remove_node(node)
+                        # (xdist's worker_workerfinished: only a node the scheduler still
+                        # lists; one it shut down unused at the start is not)
+                        if node in self.scheduler.nodes:
+                            self.scheduler.remove_node(node)
                     self.nodes.clear()
                     return
                 holding = {n.gateway.id: list(n.queue) for n in self.nodes}

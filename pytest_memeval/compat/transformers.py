@@ -36,6 +36,7 @@ __all__ = [
     "forward_parameters",
     "full_attention_kv",
     "generate_with_logits",
+    "growing_cache",
     "lm_forward",
     "output_rows",
     "vocab_size",
@@ -105,6 +106,50 @@ def dynamic_cache(data: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> KVCache:
     for layer, (k, v) in zip(cache.layers, pairs, strict=True):
         assert isinstance(layer, DynamicLayer)  # built above from plain (keys, values) pairs
         layer.keys, layer.values = k, v
+    return cache
+
+
+def growing_cache(buffers: Sequence[tuple[torch.Tensor, torch.Tensor]], filled: int) -> KVCache:
+    """A ``DynamicCache`` over preallocated ``(keys, values)`` buffers per layer
+    (``batch x heads x capacity x head_dim``) whose first ``filled`` positions hold the cached
+    keys and values: a forward pass writes its new positions into the buffers in place, where
+    ``DynamicLayer.update`` would concatenate (a copy of the whole cache for each generated
+    token). Each layer's keys and values are views of the filled positions, the same values
+    at the same positions as the concatenated tensors, so attention reads what it would read
+    from them. Past the capacity a layer concatenates, as ``DynamicLayer`` does."""
+    # public classes, undocumented layout: transformers.cache_utils.DynamicLayer (its
+    # .keys/.values and the update / get_seq_length contract, 4.54.0-5.25.0); only called
+    # where full_attention_kv found plain full-attention layers.
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # untyped in transformers
+        """A ``DynamicLayer`` writing new positions into its buffers while they have room."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.room: tuple[torch.Tensor, torch.Tensor] | None = (keys, values)
+            self.filled = filled
+            self.device = keys.device
+            self.keys, self.values = keys[..., :filled, :], values[..., :filled, :]
+            self.is_initialized = True
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            end = self.filled + key_states.shape[-2]
+            if self.room is None or end > self.room[0].shape[-2]:
+                self.room = None  # out of room: concatenate from now on
+                return super().update(key_states, value_states, *args, **kwargs)
+            keys, values = self.room
+            keys[..., self.filled : end, :] = key_states
+            values[..., self.filled : end, :] = value_states
+            self.filled = end
+            self.keys, self.values = keys[..., :end, :], values[..., :end, :]
+            return self.keys, self.values
+
+    pairs = list(buffers)
+    cache = DynamicCache([(k[..., :0, :], v[..., :0, :]) for k, v in pairs])
+    cache.layers = [GrowingLayer(k, v) for k, v in pairs]
     return cache
 
 

@@ -22,10 +22,21 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["PROVIDED", "covers_project", "eval_item_count", "scenario_param"]
+__all__ = [
+    "NO_PROFILE_ID",
+    "PROVIDED",
+    "SCENARIO_FIXTURE",
+    "covers_project",
+    "eval_item_count",
+    "scenario_param",
+]
 
 #: The name (and node id) of the module the plugin collects its own eval items in.
 PROVIDED = "memeval"
+#: The fixture the scenario items are parametrized over (``test_final_query``, ``test_turns``).
+SCENARIO_FIXTURE = "memeval_scenario"
+#: The one (skipped) param id of a scenario item in a run without a scenario profile.
+NO_PROFILE_ID = "no-ckpt"
 
 
 def scenario_param(item: pytest.Item) -> str | None:
@@ -33,7 +44,7 @@ def scenario_param(item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
     if callspec is None:
         return None
-    value = callspec.params.get("memeval_scenario")
+    value = callspec.params.get(SCENARIO_FIXTURE)
     return value if isinstance(value, str) else None
 
 

@@ -1,5 +1,9 @@
 """xdist scheduling by scenario: all items of one scenario go to the same worker.
 
+A closed-loop run schedules its episodes the same way (one item an episode), in chunks of the
+episodes a worker steps together (``decode.fast.EPISODES_TOGETHER``): xdist's ``load``
+queues about two items a worker, so its workers would step their episodes in pairs.
+
 A scenario's rollout is the expensive part and is computed once per worker; sending
 ``test_final_query[s1]`` and ``test_turns[s1]`` to different workers would decode ``s1``
 twice. This is xdist's ``loadscope`` with the scope being the scenario id.
@@ -99,7 +103,11 @@ class ScenarioScheduling(ScopeScheduling):
         sends only when it finishes an item. A scope a crash handed back can hold one item.
         """
         queue = self.work_queue
-        assert queue
+        if not queue:
+            # Scopes of one item (episodes, a -k that keeps one check of each scenario) and
+            # fewer of them than two per worker: an earlier node took the last ones. This node
+            # is shut down with the rest when the initial distribution ends.
+            return
         # Near the end, split what is left evenly so that no worker idles while another
         # works through a full chunk.
         n = min(self.chunk, max(1, math.ceil(len(queue) / max(1, len(self.nodes)))))
@@ -192,12 +200,15 @@ class ScenarioScheduling(ScopeScheduling):
 class SchedulerPlugin:
     """Registered on the controller only when xdist is active and ``--dist`` is ``load``."""
 
-    def __init__(self, id_map: IdMap, decode_path: str = "fast") -> None:
+    def __init__(self, id_map: IdMap, decode_path: str = "fast", chunk: int | None = None) -> None:
         # At configure time, before any worker starts: an xdist without the hooks the
         # scheduler builds on is one clear usage error, not a silently different schedule.
         require_scope_scheduling()
         self.id_map = id_map
         self.decode_path = decode_path
+        #: scopes per chunk (``None``: :func:`chunk_size`'s, the scenario runs'; a closed-loop
+        #: run gives the episodes a worker steps together)
+        self.chunk = chunk
         #: the run's scheduler, once xdist asked for it (None with another ``--dist``)
         self.scheduler: ScenarioScheduling | None = None
 
@@ -211,6 +222,6 @@ class SchedulerPlugin:
         if config.getoption("dist", None) != "load":
             return None  # the user chose a strategy explicitly; respect it
         # Decided here, after every pytest_configure (the device binder registers in one).
-        chunk = chunk_size(config, self.decode_path)
+        chunk = self.chunk if self.chunk is not None else chunk_size(config, self.decode_path)
         self.scheduler = ScenarioScheduling(config, log, self.id_map, chunk)
         return self.scheduler

@@ -20,7 +20,7 @@ import pytest
 from pytest_memeval.core.episode_records import read_episode_records, recount_episodes
 from pytest_memeval.env import make_env, parse_env_spec
 
-from ..conftest import MemevalProject
+from ..conftest import EVAL_MODULE, MemevalProject
 from ..envs import TWC_TABLE, no_jvm_left, require_textworld, twc_profile, write_pyproject
 
 
@@ -92,6 +92,71 @@ def test_a_usage_error_names_what_the_env_lacks(memeval_project: MemevalProject)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*the profile's env cannot be made here*nosuch*"])
     assert not memeval_project.run_dir("bad").exists()
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_closed_loop_profile_given_only_scenario_items_is_a_usage_error(
+    memeval_project: MemevalProject, workers: str
+) -> None:
+    """``pytest test_eval.py --ckpt <closed-loop profile>``: the module holds scenario items
+    only, and no episode item is provided for a path: one usage error saying what to run,
+    no environment started, nothing written (it was a silent skip)."""
+    require_textworld()
+    write_pyproject(memeval_project.path, twc_profile("loop", "0-1"))
+    (memeval_project.path / "test_eval.py").write_text(EVAL_MODULE, "utf-8")
+    result = memeval_project.run(
+        str(memeval_project.path / "test_eval.py"), "--ckpt", "loop", "-n", workers
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--ckpt loop is a closed-loop profile*only scenario items*pytest --ckpt loop*"]
+    )
+    assert not memeval_project.run_dir("loop").exists()
+    # Without a path the same project runs the episodes, the scenario items skipped with a
+    # reason that names the profile
+    result = memeval_project.run("--ckpt", "loop", "-n", "0", "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped") == 2  # test_final_query, test_turns
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 2  # the two episodes
+    result.stdout.fnmatch_lines(["*--ckpt loop is a closed-loop profile: its items are*"])
+    assert (memeval_project.run_dir("loop") / "metrics.json").is_file()
+
+
+COUNTING_ENV = """
+import os
+
+import pytest
+
+from pytest_memeval.env import TextWorldExpress
+
+
+@pytest.hookimpl
+def pytest_memeval_make_env(config, spec):
+    with open(LOG, "a", encoding="utf-8") as fh:
+        fh.write(os.environ.get("PYTEST_XDIST_WORKER", "master") + "\\n")
+    return TextWorldExpress(spec)
+"""
+
+
+def test_under_xdist_each_worker_steps_a_chunk_of_episodes_together(
+    memeval_project: MemevalProject,
+) -> None:
+    """``-n 2``: the episodes go out in chunks (the scenario scheduler, one scope an episode),
+    so each worker steps several together, one environment each, where xdist's ``load``
+    would queue about two on it; every episode is run once."""
+    require_textworld()
+    log = memeval_project.path / "made.log"
+    conftest = f"LOG = {str(log)!r}\n" + textwrap.dedent(COUNTING_ENV)
+    write_pyproject(memeval_project.path, twc_profile("twc", "0-7"), conftest)
+    result = memeval_project.run("--ckpt", "twc", "-n", "2")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 8, outcomes
+    made = log.read_text("utf-8").split()  # (the controller makes one to describe it)
+    assert {"gw0", "gw1"} <= set(made)
+    # 8 episodes over 2 workers: a chunk of 4 each (more than xdist's 2 queued)
+    assert max(made.count(w) for w in ("gw0", "gw1")) >= 4, made
+    records = read_episode_records(memeval_project.run_dir("twc") / "predictions.jsonl")
+    assert sorted(r["seed"] for r in records) == list(range(8))
 
 
 FAILING_ENV = """

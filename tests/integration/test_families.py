@@ -19,10 +19,20 @@ from typing import Any
 
 import pytest
 
+from pytest_memeval.compat.attention import can_switch_attention, switched_attention
+from pytest_memeval.compat.transformers import lm_forward
 from pytest_memeval.core.benchmark import Scenario, from_records
 from pytest_memeval.core.history import fed_back
 from pytest_memeval.decode import make_model_decoder
-from pytest_memeval.decode.fast import ExactStage, FastDecoder, Shared, probe_linear_rows
+from pytest_memeval.decode.fast import (
+    CacheSlice,
+    ExactStage,
+    FastDecoder,
+    GenerateRow,
+    Generator,
+    Shared,
+    probe_linear_rows,
+)
 from pytest_memeval.decode.reference import ReferenceDecoder, reference_steps
 from pytest_memeval.model.checks import check_adapter_fits, fingerprint_dir
 from pytest_memeval.model.loading import LoadedModel, load_model
@@ -245,6 +255,48 @@ def test_exact_stage_gives_the_reference_calls_logits_bit_for_bit(
     for turn, reference in zip(turns, references, strict=True):
         assert len(turn.logits) == len(reference.logits)
         assert all(torch.equal(a, b) for a, b in zip(turn.logits, reference.logits, strict=True))
+
+
+@pytest.mark.parametrize("attention", ["model", "sdpa"])
+def test_cached_generate_grows_its_cache_in_place_with_the_concatenated_bits(
+    family: str, built: Built, attention: str
+) -> None:
+    """The batched cached ``generate`` (the closed loop's and the teacher-forced path's)
+    writes each step's keys and values into room left in its cache instead of concatenating
+    (``compat.transformers.growing_cache``): the same tokens and the same logits, bit for
+    bit, as the concatenating cache, on every family, with the adapter, rows of different
+    lengths (left padding), under the model's attention and under sdpa (the closed loop's
+    switch). A sliding-window cache cannot be cut: no call, in place or not."""
+    import torch
+
+    loaded = load_model(built.model(family), built.adapter(family))
+    if attention == "sdpa" and not can_switch_attention(loaded.model, "sdpa"):
+        pytest.skip(f"{family}: no sdpa to switch to (the closed loop keeps the model's)")
+    prompts = [
+        p.ids
+        for s in scenarios_of(val_records(family, 2))
+        for p in scenario_prompts(loaded.tokenizer, s)[0]
+    ][:5]
+    assert len({len(p) for p in prompts}) > 1  # left padding is exercised
+    rows = []
+    with torch.inference_mode():
+        for ids in prompts:
+            cache = lm_forward(loaded.model, {"input_ids": torch.tensor([ids[:-1]])}).cache
+            assert cache is not None
+            rows.append(GenerateRow(CacheSlice(cache, 0, 0, len(ids) - 1), tuple(ids), 0))
+    shared = Shared.new(loaded, MAX_NEW, FastDecoder(loaded, MAX_NEW).bounds)
+    calls = []
+    with switched_attention(loaded.model, None if attention == "model" else attention):
+        for in_place in (True, False):
+            generator = Generator(shared, max_batch_tokens=1 << 20, grow_in_place=in_place)
+            calls.append(generator.run(rows))
+    grown, concatenated = calls
+    if family in SLIDING_CACHES:
+        assert grown is None and concatenated is None
+        return
+    assert grown is not None and concatenated is not None
+    assert grown.tokens == concatenated.tokens
+    assert torch.equal(grown.logits, concatenated.logits)
 
 
 # --------------------------------------------------------------------------- BOS

@@ -112,7 +112,11 @@ def test_small_batches_and_every_decision_a_near_tie(demo: DemoCase) -> None:
     caches) and a margin no decision clears (every turn settled by the reference call
     itself): the reference's rollouts either way."""
     small = FastDecoder(demo.loaded, MAX_NEW, history="model", batch_size=2)
-    assert_exact(small.decode(demo.scenarios), demo.reference)
+    rollouts = small.decode(demo.scenarios)
+    assert_exact(rollouts, demo.reference)
+    # `mean batch M of B`: a scenario's batch is its forward pass's, never more than B (the
+    # later rounds' continued passes hold more rows)
+    assert all(1 <= r.batch <= r.batch_size <= 2 for r in rollouts)
     guarded = FastDecoder(demo.loaded, MAX_NEW, history="model", margin=math.inf)
     assert_exact(guarded.decode(demo.scenarios[:2]), demo.reference[:2])
     assert guarded.stats.generated_reference_rerun > 0

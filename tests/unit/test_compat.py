@@ -368,6 +368,26 @@ def test_full_attention_kv_without_dynamic_layer_is_none(monkeypatch: pytest.Mon
     assert ctransformers.full_attention_kv(cache) is None
 
 
+def test_growing_cache_writes_new_positions_in_place_then_concatenates_past_its_room() -> None:
+    keys, values = _kv(2, 6)  # capacity 6, the first 3 positions filled
+    cache = ctransformers.growing_cache([(keys, values)], filled=3)
+    assert cache.get_seq_length() == 3
+    first = (keys[..., :3, :].clone(), values[..., :3, :].clone())
+    new = (torch.full((2, 2, 2, 4), 7.0), torch.full((2, 2, 2, 4), -7.0))
+    got_k, got_v = cache.update(*new, 0)
+    assert torch.equal(got_k, torch.cat([first[0], new[0]], dim=2))
+    assert torch.equal(got_v, torch.cat([first[1], new[1]], dim=2))
+    assert got_k.data_ptr() == keys.data_ptr()  # a view of the buffer: nothing copied
+    assert torch.equal(keys[..., 3:5, :], new[0]) and cache.get_seq_length() == 5
+    # two more positions than the one left: concatenated, the same values as DynamicLayer's
+    more = (torch.full((2, 2, 2, 4), 9.0), torch.full((2, 2, 2, 4), -9.0))
+    got_k, got_v = cache.update(*more, 0)
+    assert got_k.shape[2] == 7 and got_k.data_ptr() != keys.data_ptr()
+    assert torch.equal(got_k, torch.cat([first[0], new[0], more[0]], dim=2))
+    assert torch.equal(got_v, torch.cat([first[1], new[1], more[1]], dim=2))
+    assert cache.get_seq_length() == 7
+
+
 # --------------------------------------------------------------------------- textworld_express
 # The real env (a JVM): tests/integration/test_env_textworld.py; here, an env without the
 # private attributes, as a textworld-express release that renamed them would give.

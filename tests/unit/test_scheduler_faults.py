@@ -71,6 +71,22 @@ def assert_each_item_once(sim: Simulation) -> None:
     assert max(seen.values()) == 1, [item for item, k in seen.items() if k > 1]
 
 
+@pytest.mark.parametrize("episodes", [1, 2, 3, 5, 20])
+@pytest.mark.parametrize(("workers", "chunk"), [(2, 1), (2, 8), (3, 8)])
+def test_one_item_scopes_fewer_than_the_workers_hold_end_the_run(
+    episodes: int, workers: int, chunk: int
+) -> None:
+    """A closed-loop run's scopes are one item each (one episode); with fewer than two per
+    worker, the first workers take them all: the others get nothing and stop, and every
+    episode runs once (an empty queue used to fail an assertion, an INTERNALERROR)."""
+    ids = [f"twc-{k}" for k in range(episodes)]
+    items = [f"memeval::test_episode[{sid}]" for sid in ids]
+    sched = ScenarioScheduling(FakeConfig(workers), QuietLog(), IdMap(ids), chunk)
+    sim = Simulation(sched, items, workers)
+    sim.run()
+    assert sorted(sim.ran) == sorted(items) and not sim.crashed
+
+
 @pytest.mark.parametrize(("workers", "chunk"), [(2, 1), (2, 8), (3, 8), (3, 1)])
 def test_a_crash_at_any_moment_ends_the_run(workers: int, chunk: int) -> None:
     n = 20

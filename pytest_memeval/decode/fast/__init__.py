@@ -80,7 +80,13 @@ from pytest_memeval.decode.fast.decoder import (
 )
 from pytest_memeval.decode.fast.episodes import CALIBRATION_STEPS, EPISODES_TOGETHER, FastPolicy
 from pytest_memeval.decode.fast.exact import ExactStage
-from pytest_memeval.decode.fast.generate import GENERATE_LOGITS_BYTES, GENERATE_ROWS
+from pytest_memeval.decode.fast.generate import (
+    GENERATE_LOGITS_BYTES,
+    GENERATE_ROWS,
+    GenerateCall,
+    GenerateRow,
+    Generator,
+)
 from pytest_memeval.decode.fast.kvcache import CacheSlice
 from pytest_memeval.decode.fast.logits import Checks
 from pytest_memeval.decode.fast.plan import ScenarioPlan, unsafe_generation_settings
@@ -142,6 +148,9 @@ __all__ = [
     "ExactStage",
     "FastDecoder",
     "FastPolicy",
+    "GenerateCall",
+    "GenerateRow",
+    "Generator",
     "Kind",
     "ScenarioPlan",
     "Shared",

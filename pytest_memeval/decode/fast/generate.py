@@ -93,9 +93,16 @@ class GenerateCall:
 class Generator(Stage):
     """Generates pending turns in pooled, cached, batched ``generate`` calls."""
 
-    def __init__(self, shared: Shared, *, max_batch_tokens: int) -> None:
+    def __init__(
+        self, shared: Shared, *, max_batch_tokens: int, grow_in_place: bool = True
+    ) -> None:
         super().__init__(shared)
         self.max_batch_tokens = max_batch_tokens
+        #: each call's cache has room for the positions it feeds, written in place
+        #: (``compat.transformers.growing_cache``); ``False``: concatenated at every step, as
+        #: ``DynamicCache`` does (what the in-place cache is checked against, bit for bit:
+        #: ``tests/integration/test_families.py``)
+        self.grow_in_place = grow_in_place
         #: rows per call (see :func:`rows_per_call`)
         self.rows_per_call = rows_per_call(shared.max_new_tokens, vocab_size(shared.loaded.model))
 
@@ -153,7 +160,11 @@ class Generator(Stage):
         # Deferred: torch takes seconds to import; only a model run needs it.
         import torch
 
-        prefix = left_padded_cache([row.context for row in rows])
+        steps = self.max_new_tokens - min(row.drafted for row in rows)
+        # Room for every position the call feeds (the last prompt token, then each new token
+        # but the last), written in place rather than concatenated at every step.
+        room = steps if self.grow_in_place else 0
+        prefix = left_padded_cache([row.context for row in rows], room=room)
         if prefix is None:
             return None
         width = max(len(row.tokens) for row in rows)
@@ -169,10 +180,10 @@ class Generator(Stage):
             settings = {
                 "input_ids": input_ids.to(device),
                 "attention_mask": mask.to(device),
-                "max_new_tokens": self.max_new_tokens - min(row.drafted for row in rows),
+                "max_new_tokens": steps,
                 **greedy_settings(self.loaded),
             }
             out = generate_with_logits(self.loaded.model, settings, cache=prefix)
-            steps = torch.stack([step.float() for step in out.logits], dim=1)
+            logits = torch.stack([step.float() for step in out.logits], dim=1)
         sequences = out.sequences[:, width:].cpu()
-        return GenerateCall([[int(t) for t in sequences[r]] for r in range(len(rows))], steps)
+        return GenerateCall([[int(t) for t in sequences[r]] for r in range(len(rows))], logits)

@@ -277,7 +277,9 @@ class FreeRunner(Stage):
                 pending.append(PendingTurn(r, n, turn, decided, context, forward_cache=False))
             rows.append(_Row(track, plan, r))
         decisions = ForwardDecisions(tuple(map(tuple, outputs)), tuple(pending), passed.cache)
-        return self._batched(rows), decisions
+        # Not counted as the rows' batch: a continued pass holds up to the verification's
+        # rows per call, not a forward pass's scenarios (docs/decoding.md, "mean batch").
+        return rows, decisions
 
     @staticmethod
     def _batched(rows: list[_Row]) -> list[_Row]:

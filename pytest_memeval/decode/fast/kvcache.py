@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_memeval.compat.segment_attention import SegmentGroup
-from pytest_memeval.compat.transformers import KVCache, dynamic_cache, full_attention_kv
+from pytest_memeval.compat.transformers import (
+    KVCache,
+    dynamic_cache,
+    full_attention_kv,
+    growing_cache,
+)
 from pytest_memeval.decode.fast.logits import Segment
 
 if TYPE_CHECKING:
@@ -67,12 +72,15 @@ def _layouts(slices: Sequence[CacheSlice]) -> dict[int, Layers] | None:
     return layouts
 
 
-def left_padded_cache(slices: Sequence[CacheSlice]) -> KVCache | None:
+def left_padded_cache(slices: Sequence[CacheSlice], room: int = 0) -> KVCache | None:
     """A fresh ``DynamicCache`` whose row ``r`` holds slice ``r`` right-aligned (left
     padding with zeros, masked by the caller). The slices may come from the caches of
     different passes (right-padded conversations: ``start`` 0; a cut verification pass's
-    left-padded cache: ``start`` is where the row's tokens begin). ``None`` where a cache
-    cannot be cut (see the module docstring): the turns then go to the reference call."""
+    left-padded cache: ``start`` is where the row's tokens begin). With ``room``, the cache
+    has room for that many more positions, written in place by the passes that continue it
+    (``compat.transformers.growing_cache``: ``generate`` would otherwise copy the whole cache
+    at every token). ``None`` where a cache cannot be cut (see the module docstring): the
+    turns then go to the reference call."""
     if any(piece.length < 1 or piece.start < 0 for piece in slices):
         return None
     layouts = _layouts(slices)
@@ -85,16 +93,21 @@ def left_padded_cache(slices: Sequence[CacheSlice]) -> KVCache | None:
             return None
         keys, values = next(iter(layouts.values()))[i]
         # New tensors: the batch cache stays intact for the other turns (the copy-before-reuse
-        # the transformers docs ask for).
-        k = keys.new_zeros((len(slices), keys.shape[1], width, keys.shape[3]))
-        v = values.new_zeros((len(slices), values.shape[1], width, values.shape[3]))
+        # the transformers docs ask for). Only the padding is zeroed (masked, but it must be
+        # finite: a masked position's weight is 0, and 0 times NaN is NaN); the room is
+        # written before it is read.
+        k = keys.new_empty((len(slices), keys.shape[1], width + room, keys.shape[3]))
+        v = values.new_empty((len(slices), values.shape[1], width + room, values.shape[3]))
         for r, piece in enumerate(slices):
             row_keys, row_values = layouts[id(piece.cache)][i]
             span = slice(piece.start, piece.start + piece.length)
-            k[r, :, width - piece.length :] = row_keys[piece.row, :, span]
-            v[r, :, width - piece.length :] = row_values[piece.row, :, span]
+            pad = width - piece.length
+            k[r, :, :pad] = 0
+            v[r, :, :pad] = 0
+            k[r, :, pad:width] = row_keys[piece.row, :, span]
+            v[r, :, pad:width] = row_values[piece.row, :, span]
         data.append((k, v))
-    return dynamic_cache(data)
+    return growing_cache(data, width) if room > 0 else dynamic_cache(data)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from pytest_memeval.model.checks import (
     fingerprint_dir,
 )
 from pytest_memeval.model.gguf import prepare_profile
-from pytest_memeval.runtime.eval_items import PROVIDED, covers_project
+from pytest_memeval.runtime.eval_items import PROVIDED, SCENARIO_FIXTURE, covers_project
 from pytest_memeval.runtime.session import (
     DECODE_PATHS,
     cache_dir,
@@ -42,7 +42,7 @@ from pytest_memeval.runtime.session import (
     decoding_fingerprint,
     run_dir_name,
 )
-from pytest_memeval.runtime.state import workerinput
+from pytest_memeval.runtime.state import is_worker, workerinput
 
 __all__ = [
     "EPISODE_STATE_KEY",
@@ -54,6 +54,7 @@ __all__ = [
     "item_seed",
     "parametrize_episodes",
     "provide_episode_items",
+    "scenario_items_only",
 ]
 
 #: the fixture the episode items are parametrized over (its value: the seed)
@@ -250,11 +251,31 @@ def provide_episode_items(
 ) -> None:
     """Add ``memeval::test_episode[<id>]`` from ``module`` (the public
     :mod:`pytest_memeval.episodes`, handed in by plugin.py) where no collected module provides
-    episode items, in a run that collects the whole project (as the scenario items)."""
+    episode items, in a run that collects the whole project (as the scenario items). A run
+    given only modules of scenario items (``pytest contracts/test_eval.py --ckpt <closed-loop
+    profile>``) would evaluate nothing: a usage error says so, before any environment starts."""
     state = config.stash.get(EPISODE_STATE_KEY, None)
-    if state is None or episode_items(items) or not state.provide_items:
+    if state is None or episode_items(items):
         return
-    items.extend(collect_module_object(session, module, name=PROVIDED, path=config.rootpath))
+    if state.provide_items:
+        items.extend(collect_module_object(session, module, name=PROVIDED, path=config.rootpath))
+        return
+    scenario_items = any(SCENARIO_FIXTURE in getattr(i, "fixturenames", ()) for i in items)
+    if scenario_items and not is_worker(config):  # under xdist the controller says it
+        raise pytest.UsageError(scenario_items_only(state.profile.name))
+
+
+def scenario_items_only(name: str) -> str:
+    """The usage error of a closed-loop run whose collected modules hold only scenario
+    items."""
+    return (
+        f"memeval: --ckpt {name} is a closed-loop profile (its table has 'env'): its eval "
+        "items are episodes, but the paths given collect only scenario items "
+        "(test_final_query, test_turns), which need a benchmark profile. Run `pytest --ckpt "
+        f"{name}` without a path (the plugin provides memeval::test_episode[...] when the "
+        "whole project is collected), or give a module that imports "
+        "`from pytest_memeval.episodes import test_episode`."
+    )
 
 
 def parametrize_episodes(metafunc: pytest.Metafunc) -> None:

@@ -79,8 +79,9 @@ class EpisodeWorker:
     With the fast decode path, the item that finds its episode not yet run runs it together
     with the next episodes this process is certain to run (up to :data:`EPISODES_TOGETHER`:
     without xdist the session's next items, under xdist the items already queued on this
-    worker), stepped as one batch by :class:`~pytest_memeval.decode.fast.FastPolicy`; their
-    records wait for their own items. The reference path runs one episode per item.
+    worker, which the controller sends in chunks of that many: runtime/scheduler.py), stepped
+    as one batch by :class:`~pytest_memeval.decode.fast.FastPolicy`; their records wait for
+    their own items. The reference path runs one episode per item.
     """
 
     def __init__(self, config: pytest.Config, state: EpisodeState) -> None:
