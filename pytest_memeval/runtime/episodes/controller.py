@@ -36,7 +36,7 @@ from pytest_memeval.core.episode_records import (
     validate_episode_record,
 )
 from pytest_memeval.core.formatting import shown_list
-from pytest_memeval.core.ids import IdMap, split_item_name
+from pytest_memeval.core.ids import IdMap
 from pytest_memeval.core.profiles import profile_to_plain
 from pytest_memeval.core.rundir import JOURNAL, JOURNAL_HEADER_KEY, METRICS, Journal
 from pytest_memeval.core.runlayout import new_subset_dir, promote, resume_target
@@ -44,11 +44,10 @@ from pytest_memeval.core.sharding import shard_scope
 from pytest_memeval.decode.fast import EPISODES_TOGETHER
 from pytest_memeval.runtime.episodes.items import (
     EpisodeState,
+    check_not_only_scenario_items,
     episode_items,
     item_seed,
-    scenario_items_only,
 )
-from pytest_memeval.runtime.eval_items import NO_PROFILE_ID
 from pytest_memeval.runtime.scheduler import SchedulerPlugin
 
 __all__ = [
@@ -122,15 +121,13 @@ class EpisodeController:
         self.written: Path | None = None
         self.started = time.monotonic()
         self.received = 0
-        #: the episodes' ids <-> their items' param ids
-        self.ids = IdMap(state.ids())
         if config.getoption("memeval_resume"):
             self._resume()
         if config.pluginmanager.has_plugin("xdist"):
             # Each worker is sent the episodes it steps together at once (xdist's `load`
             # would queue about two on it): the scenario runs' scheduler, one scope an episode.
             chunk = EPISODES_TOGETHER if state.decode_path == "fast" else 1
-            scheduler = SchedulerPlugin(self.ids, state.decode_path, chunk)
+            scheduler = SchedulerPlugin(IdMap(state.ids()), chunk=chunk)
             config.pluginmanager.register(scheduler, "memeval-scheduler")
 
     def _header(self) -> dict[str, Any]:
@@ -158,11 +155,7 @@ class EpisodeController:
         """Under xdist, a worker's collection of scenario items only (no episode item,
         none provided for the paths given) stops the run before any item is sent, as
         ``provide_episode_items`` does without xdist."""
-        if any(self.ids.scenario_of(nodeid) is not None for nodeid in ids):
-            return
-        names = [split_item_name(nodeid) for nodeid in ids]
-        if any(name is not None and name[1] == NO_PROFILE_ID for name in names):
-            raise pytest.UsageError(scenario_items_only(self.state.profile.name))
+        check_not_only_scenario_items(self.state, ids)
 
     def pytest_configure_node(self, node: Any) -> None:
         """The controller's resolved state, as plain data, for each xdist worker."""

@@ -14,6 +14,7 @@ The worker side (model, environment, the episode of each item) is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -24,7 +25,7 @@ import pytest
 from pytest_memeval.compat import installed_version
 from pytest_memeval.compat.pytest import collect_module_object
 from pytest_memeval.core.episode_records import episode_id
-from pytest_memeval.core.ids import param_id
+from pytest_memeval.core.ids import IdMap, param_id, split_item_name
 from pytest_memeval.core.profiles import Profile, ProfileError, profile_from_plain
 from pytest_memeval.core.sharding import ShardError, select_shard, shard_dir_name, shard_slice
 from pytest_memeval.env import EnvSetupError, EnvSpec, TextEnv, describe_env, make_env
@@ -34,7 +35,7 @@ from pytest_memeval.model.checks import (
     fingerprint_dir,
 )
 from pytest_memeval.model.gguf import prepare_profile
-from pytest_memeval.runtime.eval_items import PROVIDED, SCENARIO_FIXTURE, covers_project
+from pytest_memeval.runtime.eval_items import NO_PROFILE_ID, PROVIDED, covers_project
 from pytest_memeval.runtime.session import (
     DECODE_PATHS,
     cache_dir,
@@ -49,12 +50,12 @@ __all__ = [
     "SEED_FIXTURE",
     "EpisodeState",
     "build_episode_state",
+    "check_not_only_scenario_items",
     "env_maker",
     "episode_items",
     "item_seed",
     "parametrize_episodes",
     "provide_episode_items",
-    "scenario_items_only",
 ]
 
 #: the fixture the episode items are parametrized over (its value: the seed)
@@ -260,14 +261,22 @@ def provide_episode_items(
     if state.provide_items:
         items.extend(collect_module_object(session, module, name=PROVIDED, path=config.rootpath))
         return
-    scenario_items = any(SCENARIO_FIXTURE in getattr(i, "fixturenames", ()) for i in items)
-    if scenario_items and not is_worker(config):  # under xdist the controller says it
-        raise pytest.UsageError(scenario_items_only(state.profile.name))
+    if not is_worker(config):  # under xdist the controller says it, from the node ids
+        check_not_only_scenario_items(state, [item.nodeid for item in items])
 
 
-def scenario_items_only(name: str) -> str:
-    """The usage error of a closed-loop run whose collected modules hold only scenario
-    items."""
+def check_not_only_scenario_items(state: EpisodeState, nodeids: Sequence[str]) -> None:
+    """Raise the usage error of a closed-loop run whose collection (``nodeids``) holds
+    scenario items (skipped: they need a benchmark profile) and no episode item."""
+    episodes = IdMap(state.ids())
+    if any(episodes.scenario_of(nodeid) is not None for nodeid in nodeids):
+        return
+    names = [split_item_name(nodeid) for nodeid in nodeids]
+    if any(name is not None and name[1] == NO_PROFILE_ID for name in names):
+        raise pytest.UsageError(_scenario_items_only(state.profile.name))
+
+
+def _scenario_items_only(name: str) -> str:
     return (
         f"memeval: --ckpt {name} is a closed-loop profile (its table has 'env'): its eval "
         "items are episodes, but the paths given collect only scenario items "
