@@ -20,7 +20,8 @@ can take tens of minutes, and when a replacement worker loads it mid-run, the ot
 may hold their last items that long with no event. Start-up itself (before any item is
 outstanding) is not timed. ``0`` turns the watch off.
 Without xdist the same watch covers the one process, as far as Python can be interrupted:
-a call stuck inside native code is interrupted only when it returns.
+a call stuck inside native code is interrupted only when it returns. A closed-loop run
+registers the same watch (runtime/episodes/controller.py): its items are episodes.
 
 PYTEST_DONT_REWRITE: a plugin module without test code (see plugin.py).
 """
@@ -91,11 +92,12 @@ def describe_stall(
             "last event"
         )
     held = "; ".join(parts)
+    # (the items are scenarios' checks or, in a closed-loop run, episodes)
     kept = (
-        f"the scenarios evaluated so far are kept in {journal}: rerun with --memeval-resume to "
+        f"the results so far are kept in {journal}: rerun with --memeval-resume to "
         "evaluate only the others"
         if journal
-        else "no scenario had finished; nothing was evaluated"
+        else "nothing had finished; nothing was evaluated"
     )
     return (
         f"pytest-memeval: no worker has reported anything for {timeout:g} s while items are "

@@ -10,9 +10,13 @@ is checked in test_episode_shards.py, against the serial run made there for the 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import textwrap
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,8 +163,9 @@ def test_under_xdist_each_worker_steps_a_chunk_of_episodes_together(
     assert sorted(r["seed"] for r in records) == list(range(8))
 
 
-FAILING_ENV = """
+FAULTY_ENV = """
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -168,23 +173,35 @@ import pytest
 from pytest_memeval.env import EnvError, TextWorldExpress
 
 
-class Flaky(TextWorldExpress):
-    \"\"\"The real environment, whose step fails in seed 1 while the flag file exists.\"\"\"
+class Faulty(TextWorldExpress):
+    \"\"\"The real environment; its steps in seed SEED meet a fault while FLAG exists.\"\"\"
 
     def reset(self, seed, options=None):
         self.seed = seed
         return super().reset(seed, options)
 
     def step(self, action):
-        if self.seed == 1 and Path(FLAG).exists():
-            raise EnvError("the simulator went away")
+        if self.seed == SEED and Path(FLAG).exists():
+            fault()
         return super().step(action)
 
 
 @pytest.hookimpl
 def pytest_memeval_make_env(config, spec):
-    return Flaky(spec)
+    return Faulty(spec)
 """
+
+#: an environment error: the simulator went away
+ENV_ERROR = 'raise EnvError("the simulator went away")'
+#: the process stops itself (SIGSTOP: neither working nor dying), its pid in the flag file
+STOP = 'Path(FLAG).write_text(str(os.getpid()), "utf-8"); os.kill(os.getpid(), signal.SIGSTOP)'
+
+
+def faulty_env(flag: Path, seed: int, fault: str) -> str:
+    """A project conftest whose environment meets ``fault`` (a line of Python) in each step
+    of ``seed`` while ``flag`` exists."""
+    head = f"FLAG = {str(flag)!r}\nSEED = {seed}\n\n\ndef fault():\n    {fault}\n"
+    return head + textwrap.dedent(FAULTY_ENV)
 
 
 @pytest.mark.slow
@@ -194,8 +211,7 @@ def test_an_environment_error_is_an_error_and_resume_reruns_only_it(
     require_textworld()
     flag = memeval_project.path / "fail-seed-1"
     flag.write_text("", "utf-8")
-    conftest = f"FLAG = {str(flag)!r}\n" + textwrap.dedent(FAILING_ENV)
-    write_pyproject(memeval_project.path, twc_profile("twc", "0-2"), conftest)
+    write_pyproject(memeval_project.path, twc_profile("twc", "0-2"), faulty_env(flag, 1, ENV_ERROR))
     first = memeval_project.run("--ckpt", "twc", "-n", "2")
     first.assert_outcomes(failed=2, errors=1)
     first.stdout.fnmatch_lines(
@@ -221,4 +237,49 @@ def test_an_environment_error_is_an_error_and_resume_reruns_only_it(
     assert {k: after[k] for k in ("twc-0", "twc-2")} == {k: before[k] for k in ("twc-0", "twc-2")}
     journal = (memeval_project.run_dir("twc") / "journal.jsonl").read_text("utf-8").splitlines()
     assert [json.loads(line).get("id") for line in journal[1:]].count("twc-1") == 2
+    no_jvm_left(marker)
+
+
+@pytest.mark.slow
+def test_a_stopped_episode_worker_ends_the_run_after_the_stall_timeout(
+    memeval_project: MemevalProject, marker: str
+) -> None:
+    """``-n 2``, a worker stopped in an environment step: the run stops after
+    ``--memeval-stall-timeout`` naming what the worker holds (it waited for ever), the
+    episodes finished so far are an unfinished run, and ``--memeval-resume`` completes it."""
+    require_textworld()
+    flag = memeval_project.path / "stop-seed-3"
+    flag.write_text("", "utf-8")
+    write_pyproject(memeval_project.path, twc_profile("twc", "0-3"), faulty_env(flag, 3, STOP))
+    # Above the other worker's longest gap between events: its first episode item, which
+    # starts an environment (a JVM) for each episode of its chunk and steps them together,
+    # took over 8 s on a 2-core machine also running a bf16 model test.
+    stall_s = 20
+    try:
+        first = memeval_project.run(
+            "--ckpt", "twc", "-n", "2", "--memeval-stall-timeout", str(stall_s), timeout=240
+        )
+    finally:
+        stopped = flag.read_text("utf-8").strip()
+        if stopped:  # stop what the test started, by pid (xdist's teardown usually has)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stopped), signal.SIGKILL)
+        flag.unlink()
+    out = first.stdout.str() + first.stderr.str()
+    assert first.ret == pytest.ExitCode.INTERRUPTED, out
+    assert f"no worker has reported anything for {stall_s} s" in out, out
+    assert "test_episode[twc-3]" in out.split("while items are outstanding")[1], out
+    assert "results so far are kept in" in out and "rerun with --memeval-resume" in out, out
+    assert stopped, "the environment never stopped its worker"
+    run = memeval_project.latest_subset("twc")
+    metrics = json.loads((run / "metrics.json").read_text("utf-8"))
+    assert not metrics["complete"] and "twc-3" in metrics["missing"], metrics
+    kept = [r["id"] for r in read_episode_records(run / "predictions.jsonl")]
+    assert kept and "twc-3" not in kept, "the other worker's episodes were not kept"
+    assert sorted(kept + metrics["missing"]) == ["twc-0", "twc-1", "twc-2", "twc-3"]
+    second = memeval_project.run("--ckpt", "twc", "-n", "0", "--memeval-resume")
+    second.assert_outcomes(failed=4 - len(kept), deselected=len(kept))
+    metrics = memeval_project.metrics("twc")
+    assert metrics["complete"] and metrics["episodes"]["success"]["total"] == 4
+    assert recount_episodes(memeval_project.run_dir("twc") / "predictions.jsonl", metrics) == []
     no_jvm_left(marker)

@@ -22,7 +22,7 @@ def test_the_message_names_each_worker_its_items_and_the_journal() -> None:
 
 def test_without_a_journal_the_message_says_nothing_was_evaluated() -> None:
     message = describe_stall(5, {"gw0": ["x::test_turns[a]"]}, [], None)
-    assert "no scenario had finished; nothing was evaluated" in message
+    assert "nothing had finished; nothing was evaluated" in message
 
 
 def test_time_runs_only_while_items_are_outstanding() -> None:

@@ -14,7 +14,18 @@ from pytest_memeval.core.stats import wilson_interval
 from pytest_memeval.tools.cli import main
 from pytest_memeval.tools.compare import CompareError, compare_ways, format_ways, load_ways
 
-from ..waysfactory import FR_MATCHES, SUCCESS, TF_MATCHES, loop_run, scenario_run, write_three_ways
+from ..markdown import Rendered
+from ..waysfactory import (
+    FR_MATCHES,
+    OPENED,
+    PUT,
+    SUCCESS,
+    TAGS,
+    TF_MATCHES,
+    loop_run,
+    scenario_run,
+    write_three_ways,
+)
 
 
 @pytest.fixture
@@ -115,5 +126,40 @@ def test_the_page_shows_the_three_ways_and_escapes_text(
     assert "twc-1, twc-2" in html  # every turn right, yet failed
     assert "left it at turn 0" in html and "gold path reproduced" in html
     assert "<script" not in html  # no script on this page
-    assert main(["report", *map(str, three_ways), "--format", "markdown"]) == 2
-    assert "HTML only" in capsys.readouterr().err
+
+
+def test_the_markdown_form_as_github_shows_it_with_hostile_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``memeval report --format markdown`` of the three ways (a job summary, a pull-request
+    comment), rendered by GitHub's own renderer: the rates, the carry-over in words, the slices
+    asked for, the seeds where the turns and the environment disagree; a run label and a tag
+    that try to be markup are shown as their characters."""
+    # what a tag may hold (core/tags.py) that Markdown reads: a mail autolink, emphasis
+    hostile = "query:_x_@evil.example"
+    tf, fr, _ = write_three_ways(tmp_path, {**TAGS, 0: hostile, 1: hostile})
+    label = "lo|op <img src=x onerror=alert(1)> _em_ `t` [a](javascript:b)"
+    loop = loop_run(tmp_path / label, SUCCESS)
+    out_file = tmp_path / "ways.md"
+    args = ["report", str(tf), str(fr), str(loop), "--format", "markdown", "--slice", "query:*"]
+    assert main([*args, "-o", str(out_file)]) == 0
+    assert capsys.readouterr().out == f"memeval report: wrote {out_file}\n"
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert text == out_file.read_text("utf-8")
+    page = Rendered(text)
+    assert page.foreign() == [] and "strong" not in page.tags and "em" not in page.tags
+    rates, slices, disagree = page.tables
+    assert rates[0] == ["model", "m2 teacher-forced", "m2 free-running", "m1 final question",
+                        "success"]  # fmt: skip
+    assert rates[1][0] == label and rates[1][1].startswith("13/15 = 86.67% [")
+    assert rates[1][4].startswith("2/5 = 40.00% [")
+    assert sorted(row[0] for row in slices[1:]) == sorted([hostile, PUT, OPENED])
+    assert next(row for row in slices if row[0] == hostile)[1:3] == ["2", label]
+    # every turn right yet failed: twc-1, twc-2; a wrong turn yet succeeded: twc-4
+    assert [row[0] for row in disagree[1:]] == ["twc-1", "twc-2", "twc-4"]
+    assert disagree[1][1:] == [label, "3/3", "gold path reproduced", "right", "step_limit after 2"]
+    visible = "".join(page.text)
+    assert "every turn right teacher-forced on 3 of 5 seeds, 1 of them succeeded" in visible
+    assert "failed: twc-1, twc-2" in visible and "yet succeeded: twc-4" in visible
+    assert "Seeds where the turns and the environment disagree: 3" in visible

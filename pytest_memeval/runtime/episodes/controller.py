@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from pytest_memeval.compat.pytest import drop_report_record, report_record
+from pytest_memeval.compat.xdist import scheduler_has_pending
 from pytest_memeval.core.episode_records import (
     EPISODE_RECORD_KIND,
     EpisodeRecord,
@@ -49,6 +50,7 @@ from pytest_memeval.runtime.episodes.items import (
     item_seed,
 )
 from pytest_memeval.runtime.scheduler import SchedulerPlugin
+from pytest_memeval.runtime.stall import StallWatch, stall_timeout_from
 
 __all__ = [
     "CONTROLLER_NAME",
@@ -123,12 +125,29 @@ class EpisodeController:
         self.received = 0
         if config.getoption("memeval_resume"):
             self._resume()
+        scheduler: SchedulerPlugin | None = None
         if config.pluginmanager.has_plugin("xdist"):
             # Each worker is sent the episodes it steps together at once (xdist's `load`
             # would queue about two on it): the scenario runs' scheduler, one scope an episode.
             chunk = EPISODES_TOGETHER if state.decode_path == "fast" else 1
             scheduler = SchedulerPlugin(IdMap(state.ids()), chunk=chunk)
             config.pluginmanager.register(scheduler, "memeval-scheduler")
+        # As in a scenario run: a worker that stops without dying (a stopped process, a
+        # simulator call that never returns) ends the run as unfinished and resumable after
+        # --memeval-stall-timeout, instead of a run that waits for ever.
+        config.pluginmanager.register(
+            StallWatch(
+                stall_timeout_from(config),
+                scheduler.in_flight if scheduler is not None else dict,
+                self._journal_kept,
+                lambda: bool(scheduler_has_pending(config)),
+            ),
+            "memeval-stall-watch",
+        )
+
+    def _journal_kept(self) -> str | None:
+        """Where the episodes finished so far are (``None`` before the first)."""
+        return str(self.journal.path) if self.received else None
 
     def _header(self) -> dict[str, Any]:
         return {JOURNAL_HEADER_KEY: 1, "kind": "episodes", "fingerprints": self.state.fingerprints}

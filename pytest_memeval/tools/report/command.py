@@ -46,7 +46,7 @@ from pytest_memeval.tools.report.episodes import (
 from pytest_memeval.tools.report.markdown import markdown_report
 from pytest_memeval.tools.report.pages import render_many, render_report
 from pytest_memeval.tools.report.pieces import scenario_detail_html, summary_html
-from pytest_memeval.tools.report.ways import render_ways_report
+from pytest_memeval.tools.report.ways import render_ways_report, ways_markdown
 
 __all__ = [
     "cli_arguments",
@@ -99,12 +99,9 @@ def _page(paths: Sequence[Path], *, slices: Sequence[str], method: str) -> str:
     return render_many(runs[0], runs[1:], slices=slices, method=method)
 
 
-def _markdown(paths: Sequence[Path]) -> str:
+def _markdown(paths: Sequence[Path], *, slices: Sequence[str]) -> str:
     if mixes_kinds(paths):
-        raise CompareError(
-            "scenario runs and closed-loop runs together make the three-ways page, in HTML "
-            "only (memeval compare prints it as text)"
-        )
+        return ways_markdown(compare_ways(load_ways(paths), slices))
     episode_run = _episode_path(paths)
     if episode_run is None:
         return markdown_report(paths)
@@ -149,8 +146,9 @@ def cli_main(args: argparse.Namespace) -> int:
     output = args.output or (Path("-") if markdown else Path("report.html"))
     try:
         if markdown:
-            # The Markdown summary has no per-slice table yet (the HTML page has one).
-            text = _markdown(paths)
+            # Only the three-ways summary has a per-slice table (--slices); a scenario run's
+            # has none yet (the HTML page has one).
+            text = _markdown(paths, slices=args.slices)
         elif str(output) != "-":
             write_report(paths, output, slices=args.slices, method=args.correction)
         else:
