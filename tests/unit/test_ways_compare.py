@@ -163,3 +163,45 @@ def test_the_markdown_form_as_github_shows_it_with_hostile_names(
     assert "every turn right teacher-forced on 3 of 5 seeds, 1 of them succeeded" in visible
     assert "failed: twc-1, twc-2" in visible and "yet succeeded: twc-4" in visible
     assert "Seeds where the turns and the environment disagree: 3" in visible
+
+
+def test_two_models_are_tested_way_by_way_paired_by_seed(
+    tmp_path: Path, three_ways: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second model against the first: B - A on each way both models have, with the pair
+    tests' p-values Holm-adjusted over the ways; in the JSON, the text, the page and the
+    Markdown alike."""
+    other_tf = scenario_run(tmp_path / "tf2", FR_MATCHES, "truth", model="sha256:m2")
+    other_loop = loop_run(tmp_path / "loop2", dict.fromkeys(range(5), True), model="sha256:m2")
+    paths = [*map(str, three_ways), str(other_tf), str(other_loop)]
+    assert compare_ways(load_ways(three_ways))["differences"] == []  # one model: nothing
+    assert main(["compare", *paths, "--json"]) == 0
+    (pair,) = json.loads(capsys.readouterr().out)["differences"]
+    assert (pair["a"], pair["b"], pair["seeds"]) == ("loop", "loop2", 5)
+    ways = {w["way"]: w for w in pair["ways"]}
+    assert list(ways) == ["m2 teacher-forced", "m1", "success"]  # no free-running run of B
+    # success: seeds 1, 2 and 3 fixed, none broken: +60 pp, exact McNemar p = 2 * 0.5**3
+    assert ways["success"]["delta_pp"] == pytest.approx(60.0)
+    assert ways["success"]["p_value"] == pytest.approx(0.25)
+    # m1: 3/5 each, no seed changed
+    assert ways["m1"]["delta_pp"] == 0 and ways["m1"]["p_value"] == 1
+    # m2: 13/15 against 8/15 over the same turns, paired by scenario
+    assert ways["m2 teacher-forced"]["delta_pp"] == pytest.approx(-100 / 3)
+    assert ways["m2 teacher-forced"]["p_value"] == pytest.approx(0.25)
+    # Holm over three p-values 0.25, 1, 0.25: 3 x 0.25, then max(2 x 0.25, 0.75), then 1
+    assert [w["p_holm"] for w in pair["ways"]] == pytest.approx([0.75, 1.0, 0.75])
+    assert not any(w["significant_holm"] for w in pair["ways"])
+    assert main(["compare", *paths]) == 0
+    text = capsys.readouterr().out
+    assert "Paired against loop (A), seed by seed" in text
+    assert "loop2  success            +60.00 pp  [+2.98, +88.24] pp   0.25  0.75" in text
+    page = tmp_path / "ways.html"
+    assert main(["report", *paths, "-o", str(page)]) == 0
+    html = page.read_text("utf-8")
+    assert "<h2>paired against loop</h2>" in html
+    assert "<td>loop2</td><td>success</td><td class='num'>+60.00 pp</td>" in html
+    capsys.readouterr()
+    assert main(["report", *paths, "--format", "markdown"]) == 0
+    header = ["model", "way", "B - A", "95% interval", "p", "p (Holm)"]
+    (rows,) = [t for t in Rendered(capsys.readouterr().out).tables if t[0] == header]
+    assert rows[3][:3] == ["loop2", "success", "+60.00 pp"]

@@ -25,7 +25,8 @@ text; :mod:`.slices` compares by slice, :mod:`.history` a teacher-forced run wit
 free-running one; closed-loop runs are loaded by :mod:`.episode_runs`, compared paired by
 episode by :mod:`.episodes` and rendered by :mod:`.episode_text`; scenario runs and episode
 runs of the same models and seeds (teacher-forced, free-running, closed loop) are set side by
-side by :mod:`.ways` and rendered by :mod:`.ways_text`; :mod:`.command` is the
+side by :mod:`.ways`, two models tested way by way by :mod:`.ways_pairs`, and rendered by
+:mod:`.ways_text`; :mod:`.command` is the
 command line. This package's ``__init__`` is its public face: it re-exports their names,
 which callers and tests import from here, never from its modules.
 """
@@ -103,10 +104,18 @@ from pytest_memeval.tools.compare.ways import (
     load_ways,
     mixes_kinds,
 )
-from pytest_memeval.tools.compare.ways_text import carryover_lines, format_ways, rate_cell
+from pytest_memeval.tools.compare.ways_pairs import WayDifference, WaysDifference
+from pytest_memeval.tools.compare.ways_text import (
+    DIFFERENCE_HEADER,
+    carryover_lines,
+    difference_rows,
+    format_ways,
+    rate_cell,
+)
 
 __all__ = [
     "ALPHA",
+    "DIFFERENCE_HEADER",
     "EPISODES_KIND",
     "POWER",
     "BoardRow",
@@ -133,7 +142,9 @@ __all__ = [
     "SeedRow",
     "SeedWays",
     "SliceComparison",
+    "WayDifference",
     "WaysComparison",
+    "WaysDifference",
     "WaysSlice",
     "carryover_lines",
     "check_same_env",
@@ -143,6 +154,7 @@ __all__ = [
     "compare_runs",
     "compare_slices",
     "compare_ways",
+    "difference_rows",
     "fmt_ci",
     "fmt_m2_ci",
     "fmt_pp",

@@ -21,7 +21,8 @@ the runs were made with different settings (generation, action parsing), and the
 says so by id (``free_running_reproduced``).
 
 Nothing here pairs an answer with a success as one outcome: there is no test between the
-kinds, only counts set side by side, seed by seed.
+kinds, only counts set side by side, seed by seed. Between models, each way is tested paired
+by seed (:mod:`.ways_pairs`, ``differences``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pytest_memeval.tools.compare.episode_runs import (
 )
 from pytest_memeval.tools.compare.load import load_run, refuse_different_ids
 from pytest_memeval.tools.compare.types import CompareError, RunData
+from pytest_memeval.tools.compare.ways_pairs import WaysDifference, WaysGroup, ways_differences
 
 __all__ = [
     "Carryover",
@@ -142,12 +144,8 @@ class WaysComparison(TypedDict):
     models: list[ModelWays]
     slices: list[WaysSlice]
     by_seed: list[SeedRow]
-
-
-class _Group(TypedDict):
-    teacher_forced: RunData
-    free_running: RunData | None
-    closed_loop: EpisodeRun
+    #: each model after the first against the first, paired by seed (:mod:`.ways_pairs`)
+    differences: list[WaysDifference]
 
 
 def mixes_kinds(paths: Sequence[Path]) -> bool:
@@ -160,7 +158,7 @@ def _model_key(fingerprints: Mapping[str, object]) -> tuple[str, str]:
     return str(fingerprints.get("model")), str(fingerprints.get("adapter"))
 
 
-def load_ways(paths: Sequence[Path]) -> list[_Group]:
+def load_ways(paths: Sequence[Path]) -> list[WaysGroup]:
     """Load the runs and group them by model, in the order their first run was given;
     :class:`CompareError` says what does not fit."""
     loops: dict[tuple[str, str], list[EpisodeRun]] = {}
@@ -190,7 +188,7 @@ _GROUP_RULE = (
 )
 
 
-def _group(loops: Sequence[EpisodeRun], scenario_runs: Sequence[RunData]) -> _Group:
+def _group(loops: Sequence[EpisodeRun], scenario_runs: Sequence[RunData]) -> WaysGroup:
     """One model's runs: one episode run, one teacher-forced run, at most one free-running."""
     named = ", ".join([*(str(r.path) for r in loops), *(str(r.path) for r in scenario_runs)])
     by_history: dict[str, list[RunData]] = {}
@@ -218,7 +216,7 @@ def _refuse_other_benchmark(a: RunData, b: RunData) -> None:
         raise CompareError(f"{a.path} and {b.path} evaluate different benchmarks")
 
 
-def _check_together(groups: Sequence[_Group]) -> None:
+def _check_together(groups: Sequence[WaysGroup]) -> None:
     """Every model on the same seeds, the same benchmark and the same environment."""
     first = groups[0]
     for group in groups[1:]:
@@ -289,7 +287,7 @@ def _reproduced(fr: RunData, loop: EpisodeRun, ids: Sequence[str]) -> Reproduced
     }
 
 
-def _ways(group: _Group, label: str, ids: Sequence[str], tag: str | None) -> ModelWays:
+def _ways(group: WaysGroup, label: str, ids: Sequence[str], tag: str | None) -> ModelWays:
     """One model's numbers over ``ids`` (``tag``: the slice they are, for m1/m2's blocks)."""
     tf, fr, loop = group["teacher_forced"], group["free_running"], group["closed_loop"]
 
@@ -323,7 +321,7 @@ def _slice_tags(run: RunData, ids: Sequence[str]) -> list[str]:
     return [t for t in slice_order(counts) if counts[t] < len(ids)]
 
 
-def _labels(groups: Sequence[_Group]) -> list[str]:
+def _labels(groups: Sequence[WaysGroup]) -> list[str]:
     """Each model's name: its closed-loop run's profile, or where two are alike, the run's
     directory with its parent."""
     names = [g["closed_loop"].ckpt for g in groups]
@@ -332,7 +330,7 @@ def _labels(groups: Sequence[_Group]) -> list[str]:
     return [f"{g['closed_loop'].path.parent.name}/{g['closed_loop'].path.name}" for g in groups]
 
 
-def compare_ways(groups: Sequence[_Group], slices_shown: Sequence[str] = ()) -> WaysComparison:
+def compare_ways(groups: Sequence[WaysGroup], slices_shown: Sequence[str] = ()) -> WaysComparison:
     """The three ways of each model side by side, whole and by slice (``slices_shown``: tag
     names or globs, ``memeval compare --slice``; default every tag that splits the seeds)."""
     ids = list(groups[0]["teacher_forced"].records)
@@ -369,10 +367,11 @@ def compare_ways(groups: Sequence[_Group], slices_shown: Sequence[str] = ()) -> 
         "models": models,
         "slices": slices,
         "by_seed": by_seed,
+        "differences": ways_differences(groups, labels),
     }
 
 
-def _seed(group: _Group, label: str, scenario_id: str) -> SeedWays:
+def _seed(group: WaysGroup, label: str, scenario_id: str) -> SeedWays:
     tf, fr, loop = group["teacher_forced"], group["free_running"], group["closed_loop"]
     record = tf.records[scenario_id]
     scored = _scored(record)

@@ -6,10 +6,14 @@ from collections.abc import Sequence
 
 from pytest_memeval.core.formatting import columns, percent, shown_ids
 from pytest_memeval.core.records import RateBlock
-from pytest_memeval.tools.compare.text import fmt_ci, fmt_rate
+from pytest_memeval.tools.compare.text import fmt_ci, fmt_pp, fmt_pp_ci, fmt_rate
 from pytest_memeval.tools.compare.ways import Carryover, ModelWays, WaysComparison
+from pytest_memeval.tools.compare.ways_pairs import WayDifference, WaysDifference
 
-__all__ = ["format_ways", "rate_cell"]
+__all__ = ["difference_rows", "format_ways", "rate_cell"]
+
+#: The header of the paired differences' table
+DIFFERENCE_HEADER = ("model", "way", "B - A", "95% interval", "p", "p (Holm)")
 
 
 def rate_cell(block: RateBlock | None) -> str:
@@ -81,6 +85,26 @@ def _reproduced_lines(model: ModelWays) -> list[str]:
     return [line]
 
 
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _verdict(way: WayDifference) -> str:
+    if way["significant_holm"] is None:
+        return _p(way["p_holm"])
+    return f"{_p(way['p_holm'])} ({'differ' if way['significant_holm'] else 'no difference shown'})"
+
+
+def difference_rows(differences: list[WaysDifference]) -> list[list[str]]:
+    """One row per model after the first and way: B minus A, its interval, p and Holm's p."""
+    return [
+        [pair["b"], way["way"], fmt_pp(way["delta_pp"]), fmt_pp_ci(way["ci95_pp"]),
+         _p(way["p_value"]), _verdict(way)]
+        for pair in differences
+        for way in pair["ways"]
+    ]  # fmt: skip
+
+
 def format_ways(result: WaysComparison) -> str:
     """The comparison as text: the table, the carry-over per model, then by slice."""
     lines = [
@@ -114,4 +138,13 @@ def format_ways(result: WaysComparison) -> str:
                     ]
                 )
         lines += columns(rows)
+    if result["differences"]:
+        first = result["differences"][0]
+        lines += [
+            "",
+            f"Paired against {first['a']} (A), seed by seed: m2 by the sign-flip test over the "
+            "scenarios whose turns line up, m1 and success by McNemar's; p Holm-adjusted over "
+            f"each model's ways (alpha {first['alpha']:g})",
+            *columns([list(DIFFERENCE_HEADER), *difference_rows(result["differences"])]),
+        ]
     return "\n".join(lines)

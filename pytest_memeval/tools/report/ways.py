@@ -23,10 +23,12 @@ from typing import NamedTuple
 from pytest_memeval.core.formatting import percent
 from pytest_memeval.core.records import RateBlock
 from pytest_memeval.tools.compare import (
+    DIFFERENCE_HEADER,
     ModelWays,
     SeedRow,
     SeedWays,
     WaysComparison,
+    difference_rows,
     fmt_ci,
     fmt_rate,
 )
@@ -95,6 +97,9 @@ def render_ways_report(result: WaysComparison, paths: Sequence[str]) -> str:
         paths=list(paths),
         models=[(m, _row(m)) for m in models],
         fraction=_fraction,
+        differences=difference_rows(result["differences"]),
+        differences_against=result["differences"][0]["a"] if result["differences"] else "",
+        differences_header=DIFFERENCE_HEADER,
         slices=[(s["tag"], s["n"], [(m, _row(m)) for m in s["models"]]) for s in result["slices"]],
         by_seed=[
             (row["id"], row["tags"], [(m, _seed_cells(m)) for m in row["models"]])
@@ -191,6 +196,19 @@ def ways_markdown(result: WaysComparison) -> str:
             for m in s["models"]
         ]  # fmt: skip
         lines += _md_table(["slice", "seeds", "model", *_RATE_COLUMNS], rows)
+    if result["differences"]:
+        lines += [
+            f"Paired against {md_text(result['differences'][0]['a'])} (A), seed by seed; p "
+            "Holm-adjusted over each model's ways:",
+            "",
+            *_md_table(
+                DIFFERENCE_HEADER,
+                [
+                    [md_text(cell, table=True) for cell in row]
+                    for row in difference_rows(result["differences"])
+                ],
+            ),
+        ]
     disagree = _disagreeing(result["by_seed"])
     lines += [f"Seeds where the turns and the environment disagree: {len(disagree)}", ""]
     if disagree:
