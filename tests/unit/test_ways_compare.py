@@ -79,6 +79,26 @@ def test_slices_are_the_tags_that_split_the_seeds(three_ways: list[Path]) -> Non
     assert [s["tag"] for s in chosen["slices"]] == ["query:where-put"]
 
 
+def test_slices_are_named_as_every_comparison_names_them(
+    three_ways: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--slice`` reads a tag, a glob or ``TAG&TAG`` as the other comparisons do; an
+    expression that names no slice of the seeds is refused (it was an empty table)."""
+    groups = load_ways(three_ways)
+    both = compare_ways(groups, ["query:where-put&rooms:1"])["slices"]
+    assert [(s["tag"], s["n"]) for s in both] == [("query:where-put&rooms:1", 3)]
+    alone = compare_ways(groups, ["query:where-put"])["slices"][0]
+    assert both[0]["models"] == alone["models"]  # rooms:1 is on every seed
+    with pytest.raises(CompareError, match=r"no scenario carries the tag 'nosuch'"):
+        compare_ways(groups, ["nosuch"])
+    with pytest.raises(CompareError, match=r"matches no tag"):
+        compare_ways(groups, ["door:*"])
+    with pytest.raises(CompareError, match=r"no seed carries all of its tags"):
+        compare_ways(groups, ["query:where-put&query:close-opened"])
+    assert main(["compare", *map(str, three_ways), "--slice", "nosuch"]) == 2
+    assert "no scenario carries the tag 'nosuch'" in capsys.readouterr().err
+
+
 def test_models_in_the_order_given_and_the_text(tmp_path: Path, three_ways: list[Path]) -> None:
     other_tf = scenario_run(tmp_path / "tf2", FR_MATCHES, "truth", model="sha256:m2")
     other_loop = loop_run(tmp_path / "loop2", dict.fromkeys(range(5), True), model="sha256:m2")

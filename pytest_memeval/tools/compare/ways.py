@@ -28,12 +28,13 @@ by seed (:mod:`.ways_pairs`, ``differences``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal, TypedDict
 
 from pytest_memeval.core.history import history_of
+from pytest_memeval.core.metrics import Tally
 from pytest_memeval.core.records import RateBlock, Record
+from pytest_memeval.core.slices import SliceError, SliceSpec, select_slices
 from pytest_memeval.core.stats import rate_with_ci
 from pytest_memeval.core.tags import slice_order
 from pytest_memeval.tools.compare.episode_runs import (
@@ -287,14 +288,15 @@ def _reproduced(fr: RunData, loop: EpisodeRun, ids: Sequence[str]) -> Reproduced
     }
 
 
-def _ways(group: WaysGroup, label: str, ids: Sequence[str], tag: str | None) -> ModelWays:
-    """One model's numbers over ``ids`` (``tag``: the slice they are, for m1/m2's blocks)."""
+def _ways(group: WaysGroup, label: str, ids: Sequence[str], spec: SliceSpec | None) -> ModelWays:
+    """One model's numbers over ``ids``: the whole run's (``spec`` None) or a slice's, whose
+    m1 and m2 blocks are counted from its records as the run counts its own (``Tally``)."""
     tf, fr, loop = group["teacher_forced"], group["free_running"], group["closed_loop"]
 
     def m_block(run: RunData, which: Literal["m1", "m2"]) -> RateBlock:
-        if tag is None:
+        if spec is None:
             return run.metrics[which]
-        return run.metrics["slices"][tag][which]
+        return Tally().extend(run.records[i] for i in ids).counts()[which]
 
     successes = sum(loop.records[i]["success"] for i in ids)
     return {
@@ -330,24 +332,37 @@ def _labels(groups: Sequence[WaysGroup]) -> list[str]:
     return [f"{g['closed_loop'].path.parent.name}/{g['closed_loop'].path.name}" for g in groups]
 
 
+def _slice_specs(run: RunData, ids: Sequence[str], shown: Sequence[str]) -> list[SliceSpec]:
+    """The slices to show: what the expressions name (``memeval compare --slice``: a tag, a
+    glob, ``TAG&TAG``, as every comparison reads them), or every tag that splits the seeds;
+    :class:`CompareError` for an expression that names no slice of these seeds."""
+    if not shown:
+        return [SliceSpec((tag,)) for tag in _slice_tags(run, ids)]
+    known = slice_order(t for i in ids for t in run.records[i].get("tags", []))
+    try:
+        return select_slices(shown, known)
+    except SliceError as exc:
+        raise CompareError(str(exc)) from None
+
+
 def compare_ways(groups: Sequence[WaysGroup], slices_shown: Sequence[str] = ()) -> WaysComparison:
-    """The three ways of each model side by side, whole and by slice (``slices_shown``: tag
-    names or globs, ``memeval compare --slice``; default every tag that splits the seeds)."""
-    ids = list(groups[0]["teacher_forced"].records)
+    """The three ways of each model side by side, whole and by slice (``slices_shown``: slice
+    expressions, ``memeval compare --slice``; default every tag that splits the seeds)."""
+    first = groups[0]["teacher_forced"]
+    ids = list(first.records)
     labels = _labels(groups)
     models = [_ways(g, label, ids, None) for g, label in zip(groups, labels, strict=True)]
     slices: list[WaysSlice] = []
-    tags = _slice_tags(groups[0]["teacher_forced"], ids)
-    if slices_shown:
-        tags = [t for t in tags if any(fnmatchcase(t, pattern) for pattern in slices_shown)]
-    for tag in tags:
-        tagged = [i for i in ids if tag in groups[0]["teacher_forced"].records[i].get("tags", [])]
+    for spec in _slice_specs(first, ids, slices_shown):
+        tagged = [i for i in ids if spec.holds(first.records[i].get("tags", []))]
+        if not tagged:
+            raise CompareError(f"slice {spec.name!r}: no seed carries all of its tags")
         slices.append(
             {
-                "tag": tag,
+                "tag": spec.name,
                 "n": len(tagged),
                 "models": [
-                    _ways(g, label, tagged, tag) for g, label in zip(groups, labels, strict=True)
+                    _ways(g, label, tagged, spec) for g, label in zip(groups, labels, strict=True)
                 ],
             }
         )
