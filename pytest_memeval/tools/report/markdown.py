@@ -61,6 +61,7 @@ __all__ = [
     "many_markdown",
     "markdown_report",
     "md_code",
+    "md_table",
     "md_text",
     "run_markdown",
 ]
@@ -156,7 +157,8 @@ def _row(*cells: str) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines (cells already escaped), then a blank line."""
     return [_row(*header), _row(*["---"] * len(header)), *(_row(*r) for r in rows), ""]
 
 
@@ -197,7 +199,7 @@ def _metrics_table(m: Metrics) -> list[str]:
             "",
         ],
     ]
-    return _table(["", "result", "95% interval"], rows)
+    return md_table(["", "result", "95% interval"], rows)
 
 
 def gate_lines(gate: GateOutcome, exitstatus: int | None) -> list[str]:
@@ -249,7 +251,7 @@ def _pair_table(pair: Comparison) -> list[str]:
         ]
     )
     header = ["", "baseline", "this run", "difference", "95% interval", "paired test"]
-    return _table(header, rows)
+    return md_table(header, rows)
 
 
 def _comparison_lines(pair: Comparison, baseline: MarkdownRun, run: MarkdownRun) -> list[str]:
@@ -294,7 +296,7 @@ def _scenario_table(
             row.append(_prediction(baseline.records[sid]))
         row.append(_prediction(rec))
         rows.append(row)
-    return lines + _table(header, rows)
+    return lines + md_table(header, rows)
 
 
 def _prediction(rec: Record) -> str:
@@ -397,7 +399,7 @@ def many_markdown(result: ManyComparison) -> str:
         "m2 turn-level",
         "m2 95% CI",
     ]
-    lines += _table(header, rows)
+    lines += md_table(header, rows)
     return "\n".join(lines)
 
 

@@ -31,8 +31,9 @@ from pytest_memeval.tools.compare import (
     difference_rows,
     fmt_ci,
     fmt_rate,
+    rate_cell,
 )
-from pytest_memeval.tools.report.markdown import ROWS, md_code, md_text
+from pytest_memeval.tools.report.markdown import ROWS, md_code, md_table, md_text
 from pytest_memeval.tools.report.pages import generated_at, page_csp
 from pytest_memeval.tools.report.templating import render
 
@@ -111,16 +112,13 @@ def render_ways_report(result: WaysComparison, paths: Sequence[str]) -> str:
 # -- Markdown ---------------------------------------------------------------------------------
 
 
-def _md_rate(cell: _Cell) -> str:
-    return cell.value if not cell.interval else f"{cell.value} {cell.interval}"
-
-
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def _md_rates(model: ModelWays) -> list[str]:
+    """The four rates of a row, each with its interval, as every comparison words them."""
     return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(row) + " |" for row in rows),
-        "",
+        rate_cell(model["m2_teacher_forced"]),
+        rate_cell(model["m2_free_running"]),
+        rate_cell(model["m1"]),
+        rate_cell(model["success"]),
     ]
 
 
@@ -178,9 +176,9 @@ def ways_markdown(result: WaysComparison) -> str:
         f"The same {result['seeds']} seeds each way (paired by id); 95% intervals: m2 "
         "clustered by scenario, m1 and success Wilson.",
         "",
-        *_md_table(
+        *md_table(
             ["model", *_RATE_COLUMNS],
-            [[md_text(m["label"], table=True), *map(_md_rate, _row(m))] for m in models],
+            [[md_text(m["label"], table=True), *_md_rates(m)] for m in models],
         ),
         "Does per-turn accuracy carry over to success? Seed by seed:",
         "",
@@ -191,17 +189,17 @@ def ways_markdown(result: WaysComparison) -> str:
     if result["slices"]:
         rows = [
             [md_code(s["tag"]), str(s["n"]), md_text(m["label"], table=True),
-             *map(_md_rate, _row(m))]
+             *_md_rates(m)]
             for s in result["slices"]
             for m in s["models"]
         ]  # fmt: skip
-        lines += _md_table(["slice", "seeds", "model", *_RATE_COLUMNS], rows)
+        lines += md_table(["slice", "seeds", "model", *_RATE_COLUMNS], rows)
     if result["differences"]:
         lines += [
             f"Paired against {md_text(result['differences'][0]['a'])} (A), seed by seed; p "
             "Holm-adjusted over each model's ways:",
             "",
-            *_md_table(
+            *md_table(
                 DIFFERENCE_HEADER,
                 [
                     [md_text(cell, table=True) for cell in row]
@@ -213,7 +211,7 @@ def ways_markdown(result: WaysComparison) -> str:
     lines += [f"Seeds where the turns and the environment disagree: {len(disagree)}", ""]
     if disagree:
         header = ["seed", "model", "turns right", "free-running", "final question", "closed loop"]
-        lines += _md_table(header, disagree[:ROWS])
+        lines += md_table(header, disagree[:ROWS])
         if len(disagree) > ROWS:
             lines.append(f"(and {len(disagree) - ROWS} more: every seed is on the HTML page)")
     return "\n".join(lines).rstrip("\n") + "\n"
