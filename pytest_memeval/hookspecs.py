@@ -44,7 +44,8 @@ def pytest_memeval_make_decoder(
     loads the profile's model and adapter and returns the ``path`` decoder (``fast`` or
     ``reference``) for ``history`` (``truth``: teacher-forced; ``model``: free-running, each
     turn's prompt holding the decoder's own earlier outputs); a replay profile gets the
-    replay decoder. Load the model from ``profile.model_dir`` (a GGUF ``model``'s
+    replay decoder (with ``device`` ``"cpu"``: a replay decodes nothing, and the worker does
+    not import torch for it). Load the model from ``profile.model_dir`` (a GGUF ``model``'s
     safetensors conversion, or the model directory) and the tokenizer from
     ``profile.tokenizer_dir``. Each rollout says its history (``Rollout.history``); a
     rollout of another history than the run's stops the scenario with an error naming both,

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .forkserver import ForkServer
+from .forkserver import enabled as forkserver_enabled
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "demo"
@@ -93,6 +96,7 @@ class MemevalProject:
     """A pytester project with profiles over the demo checkpoint."""
 
     pytester: pytest.Pytester
+    fork_server: ForkServer | None = None
 
     @property
     def path(self) -> Path:
@@ -111,8 +115,20 @@ class MemevalProject:
         return write_project(self.path, records, variant=variant, n=n, profiles=profiles, ini=ini)
 
     def run(self, *args: str, timeout: float = 300) -> pytest.RunResult:
-        """Run pytest in a subprocess (xdist workers need real processes)."""
-        return self.pytester.runpytest_subprocess(*args, timeout=timeout)
+        """Run pytest in a subprocess (xdist workers need real processes), forked from the
+        worker's fork server where there is one (``tests/forkserver.py``)."""
+        if self.fork_server is None:
+            return self.pytester.runpytest_subprocess(*args, timeout=timeout)
+        server = self.fork_server
+
+        def popen(cmdargs: Sequence[str], stdout: Any, stderr: Any, **_: Any) -> Any:
+            return server.popen(tuple(cmdargs), stdout, stderr)
+
+        setattr(self.pytester, "popen", popen)  # noqa: B010 - the one method Pytester.run starts a process with
+        try:
+            return self.pytester.runpytest_subprocess(*args, timeout=timeout)
+        finally:
+            delattr(self.pytester, "popen")
 
     def run_dir(self, ckpt: str = "demo") -> Path:
         return self.path / "runs" / ckpt
@@ -144,9 +160,18 @@ class MemevalProject:
         return data
 
 
+@pytest.fixture(scope="session")
+def fork_server() -> Iterator[ForkServer | None]:
+    """This test worker's fork server (``tests/forkserver.py``), or None where it is off."""
+    server = ForkServer() if forkserver_enabled() else None
+    yield server
+    if server is not None:
+        server.close()
+
+
 @pytest.fixture
-def memeval_project(pytester: pytest.Pytester) -> MemevalProject:
-    return MemevalProject(pytester)
+def memeval_project(pytester: pytest.Pytester, fork_server: ForkServer | None) -> MemevalProject:
+    return MemevalProject(pytester, fork_server)
 
 
 @pytest.fixture(autouse=True)

@@ -368,6 +368,10 @@ def describe_assignment(assignment: Assignment) -> str:
     return f"cuda:0 ({what})"
 
 
+#: What a replay run's records note as their device: it decodes nothing, on no device.
+REPLAY_DEVICE_LABEL = "none (replay)"
+
+
 def device_label(config: pytest.Config, torch_device: str) -> str:
     """What a record notes as its device: the torch device plus which physical device or how
     many threads it was, e.g. ``cuda:0 (physical 5)`` or ``cpu (2 threads)``."""

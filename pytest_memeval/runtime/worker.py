@@ -24,7 +24,13 @@ from pytest_memeval.core.history import history_words
 from pytest_memeval.core.records import Record
 from pytest_memeval.core.scoring import score
 from pytest_memeval.runtime.calibration import OUTPUT_KEY, calibration_report
-from pytest_memeval.runtime.devices import device_label, is_out_of_memory, worker_device
+from pytest_memeval.runtime.devices import (
+    CPU,
+    REPLAY_DEVICE_LABEL,
+    device_label,
+    is_out_of_memory,
+    worker_device,
+)
 from pytest_memeval.runtime.eval_items import scenario_param
 from pytest_memeval.runtime.state import MemevalState, is_worker, worker_id
 
@@ -92,8 +98,13 @@ class MemevalWorker:
         message that stops the run.
         """
         if self._decoder is None:
-            self.device = worker_device(self.config)
-            self.device_label = device_label(self.config, self.device)
+            if self.state.profile.kind == "replay":
+                # A replay decodes nothing: no device to pick, and no torch to import (about
+                # 2 s per process, each xdist worker's included).
+                self.device, self.device_label = CPU, REPLAY_DEVICE_LABEL
+            else:
+                self.device = worker_device(self.config)
+                self.device_label = device_label(self.config, self.device)
             self._decoder = self.config.hook.pytest_memeval_make_decoder(
                 config=self.config,
                 profile=self.state.profile,

@@ -230,14 +230,9 @@ def test_each_worker_gets_its_own_gpu_and_a_replacement_gets_the_freed_one(
         assert env["OMP_NUM_THREADS"] == str(env["memeval_torch_threads"])
 
 
-@pytest.mark.slow
-def test_outer_cuda_visible_devices_is_split_among_workers(
-    memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With --ckpt (binding on) and no --memeval-gpus, a job given GPUs 4,5 uses 4 and 5."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
-    # Any --ckpt turns binding on; a replay profile needs no model (nothing touches the GPUs).
-    memeval_project.write(
+def _replay_project(project: MemevalProject) -> None:
+    """Two demo scenarios and a replay profile ``fixed`` of their benchmark answers."""
+    project.write(
         n=2,
         profiles="""
         [tool.memeval.ckpt.fixed]
@@ -246,8 +241,18 @@ def test_outer_cuda_visible_devices_is_split_among_workers(
         benchmark = "bench.jsonl"
         """,
     )
-    # The replay file is checked at configure: it needs a line per scenario even here.
-    write_jsonl(memeval_project.path / "preds.jsonl", replay_source(demo_records("oracle", 2)))
+    # The replay file is checked at configure: it needs a line per scenario even unused.
+    write_jsonl(project.path / "preds.jsonl", replay_source(demo_records("oracle", 2)))
+
+
+@pytest.mark.slow
+def test_outer_cuda_visible_devices_is_split_among_workers(
+    memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --ckpt (binding on) and no --memeval-gpus, a job given GPUs 4,5 uses 4 and 5."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    # Any --ckpt turns binding on; a replay profile needs no model (nothing touches the GPUs).
+    _replay_project(memeval_project)
     memeval_project.pytester.makeconftest(RECORD_ENV)
     memeval_project.pytester.makepyfile(test_env="def test_env():\n    pass\n")
     # Named by path: the run evaluates nothing (naming only other tests is how; deselecting
@@ -334,3 +339,33 @@ def test_single_process_is_bound_to_the_first_listed_gpu(
             "*1 passed*",
         ]
     )
+
+
+TORCH_SEEN = """
+import os
+import sys
+
+
+def pytest_sessionfinish(session):
+    process = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    (session.config.rootpath / f"torch-{process}.txt").write_text(str("torch" in sys.modules))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["n0", "n2"])
+def test_a_replay_run_imports_no_torch(memeval_project: MemevalProject, xdist: list[str]) -> None:
+    """A replay decodes nothing: no process of its run picks a device or imports torch (two
+    seconds of each process's start), and its records say it ran on no device."""
+    _replay_project(memeval_project)
+    memeval_project.pytester.makeconftest(TORCH_SEEN)
+    # Fresh interpreters (not memeval_project.run: the tests' fork server has torch imported).
+    result = memeval_project.pytester.runpytest_subprocess("--ckpt", "fixed", *xdist)
+    # The replayed turns are not all right (those items fail); the run itself is whole.
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    metrics = memeval_project.metrics("fixed")
+    assert metrics["complete"] is True and metrics["n"] == 2
+    seen = {p.stem: p.read_text() for p in memeval_project.path.glob("torch-*.txt")}
+    expected = {"torch-controller"} | ({"torch-gw0", "torch-gw1"} if xdist else set())
+    assert seen == dict.fromkeys(expected, "False")
+    assert [r["device"] for r in memeval_project.predictions("fixed")] == ["none (replay)"] * 2
