@@ -1,20 +1,30 @@
-"""Pytest runs started from a process that has already imported torch, transformers and peft.
+"""Pytest runs, and the xdist workers they start, forked from a process that has already
+imported torch, transformers and peft.
 
-Most of this suite's time went into starting the pytest runs its tests make: each fresh
-interpreter imports torch, transformers' modelling code and peft before it decodes a turn
-(about 7 s of CPU on the 2-core CI machine, against a second or two of actual work for a
-demo run). A fork server pays that once per test worker: it imports those libraries, then
-forks one child per run, which sets the run's working directory, environment, arguments and
-output files and enters ``python -m pytest`` as a fresh interpreter would. The plugin itself,
-pytest's plugins and the project's modules are not imported before the fork (pytest must see
-them imported fresh, for assertion rewriting and for their import-time state), so a run under
-the fork server executes exactly the code a fresh ``python -m pytest`` does; what it shares
-is the already-executed import of third-party libraries that read nothing of the run's
-environment at import.
+Most of this suite's time went into starting processes: each fresh interpreter of a model run
+imports torch, transformers' modelling code and peft before it decodes a turn (about 7 s of
+CPU on the 2-core CI machine, against a second or two of actual work for a demo run), and a
+``-n 2`` run starts three of them. A fork server pays that once per test worker. It imports
+those libraries, then forks one child per process asked for:
 
-Only the process pytester starts comes from the fork: the xdist workers it starts are fresh
-interpreters, as in any run. ``MEMEVAL_TEST_FRESH_INTERPRETERS=1`` turns the server off
-(every run a fresh interpreter, as before), to rule it out when a test misbehaves.
+* a **run** (``memeval_project.run``): the child enters ``python -m pytest ARGS`` with the
+  run's working directory, environment and output files, as pytester's subprocess would;
+* an **xdist worker** of such a run: the run's ``sys.executable`` is a launcher
+  (``forklaunch.py``) that hands execnet's bootstrap (``python -u -c ...``), its standard
+  streams, environment and directory to the server, whose child runs the bootstrap as that
+  interpreter would. The launcher then holds no stream of its own: when the worker dies, its
+  pipes close and xdist sees it die, as it would see a fresh interpreter die. The launcher
+  ends with the worker's status (a signal as that signal); killed itself, its worker is
+  killed. Any other command the launcher is given is the real interpreter's (``exec``).
+
+The plugin itself, pytest and its plugins and the project's modules are not imported before
+the fork (pytest must import them itself, for assertion rewriting and for their import-time
+state), so a forked process executes exactly the code a fresh one does; what it shares is the
+executed import of third-party libraries that read nothing of the run at import.
+
+``MEMEVAL_TEST_FRESH_INTERPRETERS=1`` turns the server off (every run and worker a fresh
+interpreter, as before), to rule it out when a test misbehaves; tests that check what a fresh
+process imports call ``pytester.runpytest_subprocess`` themselves.
 
 This file is both the client (imported by ``tests/conftest.py``) and the server (run as a
 script: it must not import anything of ``tests``, or a project's own ``tests`` package would
@@ -24,12 +34,15 @@ find this one in ``sys.modules``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,60 +64,166 @@ PRELOADED = (
 )
 
 OFF_SWITCH = "MEMEVAL_TEST_FRESH_INTERPRETERS"
+#: The server's socket for launchers, in the environment of every run it forks.
+SOCKET_VARIABLE = "MEMEVAL_TEST_FORK_SERVER"
+#: The interpreter the launcher execs for anything but an xdist worker's bootstrap.
+PYTHON_VARIABLE = "MEMEVAL_TEST_PYTHON"
+LAUNCHER = Path(__file__).with_name("forklaunch.py")
+#: What execnet runs (``python -u -c LINE``) to start an xdist worker.
+EXECNET_BOOTSTRAP = "import sys;exec(eval(sys.stdin.readline()))"
 
 
 # --- the server (run as a script) ------------------------------------------------------------
 
 
-def _serve() -> None:  # pragma: no cover - runs in the server process
-    import importlib
+class _Server:  # pragma: no cover - runs in the server process
+    def __init__(self, launcher: str) -> None:
+        self.launcher = launcher
+        self.base_path = sys.path[1:]  # sys.path[0] is this file's folder
+        self.requests = os.fdopen(os.dup(0), "rb", buffering=0)
+        self.replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+        self.socket_dir = tempfile.mkdtemp(prefix="memeval-forks-")
+        self.address = os.path.join(self.socket_dir, "socket")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.address)
+        self.listener.listen(16)
+        self.runs: set[int] = set()  # pids of the runs the client asked for
+        self.workers: dict[int, socket.socket] = {}  # pid of a worker -> its launcher
+        self.pending = b""
 
-    for name in PRELOADED:
-        importlib.import_module(name)
-    base_path = sys.path[1:]  # sys.path[0] is this file's folder
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
-    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(devnull, 1)
-    os.close(devnull)
-    print(json.dumps({"ready": os.getpid()}), file=replies, flush=True)
-    for line in requests:
-        request = json.loads(line)
+    def reply(self, message: dict[str, Any]) -> None:
+        print(json.dumps(message), file=self.replies, flush=True)
+
+    def own_descriptors(self) -> list[Any]:
+        return [self.requests, self.replies, self.listener, *self.workers.values()]
+
+    def serve(self) -> None:
+        self.reply({"ready": os.getpid(), "socket": self.address})
+        while True:
+            readable, _, _ = select.select(
+                [self.requests, self.listener, *self.workers.values()], [], [], 0.05
+            )
+            for source in readable:
+                if source is self.requests:
+                    if not self.read_requests():
+                        return
+                elif source is self.listener:
+                    self.spawn_worker()
+                else:
+                    self.launcher_gone(source)
+            self.reap()
+
+    def read_requests(self) -> bool:
+        chunk = self.requests.read(1 << 16)
+        if not chunk:
+            return False  # the client closed: the session is over
+        self.pending += chunk
+        while b"\n" in self.pending:
+            line, self.pending = self.pending.split(b"\n", 1)
+            pid = self.fork(functools.partial(_run, json.loads(line), self))
+            self.runs.add(pid)
+            self.reply({"pid": pid})
+        return True
+
+    def spawn_worker(self) -> None:
+        connection, _ = self.listener.accept()
+        message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+        request = json.loads(message)
+        pid = self.fork(functools.partial(_worker, request, fds, self, connection))
+        for fd in fds:
+            os.close(fd)
+        connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        self.workers[pid] = connection
+
+    def launcher_gone(self, connection: socket.socket) -> None:
+        for pid, held in self.workers.items():
+            if held is connection:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # reaped below
+                return
+
+    def fork(self, become: Any) -> int:
         pid = os.fork()
         if pid == 0:
-            requests.close()
-            replies.close()
-            _child(request, base_path)
-        print(json.dumps({"pid": pid}), file=replies, flush=True)
-        _, status = os.waitpid(pid, 0)
-        returncode = os.waitstatus_to_exitcode(status)  # -N for a signal, as Popen says it
-        print(json.dumps({"returncode": returncode}), file=replies, flush=True)
+            become()  # never returns
+        return pid
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            returncode = os.waitstatus_to_exitcode(status)  # -N for a signal, as Popen says
+            if pid in self.runs:
+                self.runs.discard(pid)
+                self.reply({"returncode": returncode})
+            elif pid in self.workers:
+                connection = self.workers.pop(pid)
+                with contextlib.suppress(OSError):
+                    connection.sendall(json.dumps({"returncode": returncode}).encode() + b"\n")
+                connection.close()
+
+    def close_in_child(self) -> None:
+        for held in self.own_descriptors():
+            with contextlib.suppress(OSError):
+                held.close()
 
 
-def _child(request: dict[str, Any], base_path: list[str]) -> None:  # pragma: no cover
-    """Become ``python -m pytest ARGS`` run in ``cwd`` with ``env``; never returns."""
-    import atexit
+def _enter(request: dict[str, Any], server: _Server, first_path: str) -> None:  # pragma: no cover
+    """The part of a fresh interpreter's start a child repeats: directory, environment,
+    ``sys.path``, seeded randomness."""
     import random
+
+    server.close_in_child()
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    pythonpath = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [first_path, *pythonpath, *server.base_path]
+    random.seed()  # a fresh interpreter seeds from the OS; forks would share one state
+    sys.executable = server.launcher
+
+
+def _streams(stdin: int, stdout: int, stderr: int, *, unbuffered: bool) -> None:  # pragma: no cover
+    import io
+
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    # The process's own streams, open for its life (no context manager).
+    stdin_binary = open(0, "rb", closefd=False)  # noqa: SIM115
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(stdin_binary, encoding="utf-8")
+    for number, name in ((1, "stdout"), (2, "stderr")):
+        # As the interpreter opens them: `-u` unbuffered; else stdout block-buffered to a file
+        # and stderr line-buffered.
+        binary: Any = open(number, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+        text = io.TextIOWrapper(
+            binary,
+            encoding="utf-8",
+            errors="backslashreplace" if name == "stderr" else "strict",
+            line_buffering=name == "stderr" and not unbuffered,
+            write_through=unbuffered,
+        )
+        setattr(sys, name, text)
+        setattr(sys, f"__{name}__", text)
+
+
+def _exit_with(body: Any) -> None:  # pragma: no cover
+    """Run ``body`` as an interpreter's main program would run, then end the process."""
+    import atexit
 
     code: int = 1
     try:
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        stdout = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        stderr = os.open(request["stderr"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-        random.seed()  # a fresh interpreter seeds from the OS; the fork would share one state
-        pythonpath = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = [request["cwd"], *pythonpath, *base_path]  # as `python -m` sets it
-        import pytest
-
-        sys.argv = [str(Path(pytest.__file__).parent / "__main__.py"), *request["args"]]
-        code = pytest.console_main()
+        body()
+        code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:
@@ -119,6 +238,67 @@ def _child(request: dict[str, Any], base_path: list[str]) -> None:  # pragma: no
                 with contextlib.suppress(Exception):
                     stream.flush()
             os._exit(code)
+
+
+def _run(request: dict[str, Any], server: _Server) -> None:  # pragma: no cover
+    """Become ``python -m pytest ARGS`` run in ``cwd`` with ``env``; never returns."""
+
+    def pytest_main() -> None:
+        _enter(request, server, request["cwd"])  # `python -m` puts the directory first
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        stdout = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        stderr = os.open(request["stderr"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        _streams(stdin, stdout, stderr, unbuffered=False)
+        import pytest
+
+        sys.argv = [str(Path(pytest.__file__).parent / "__main__.py"), *request["args"]]
+        raise SystemExit(pytest.console_main())
+
+    _exit_with(pytest_main)
+
+
+def _worker(
+    request: dict[str, Any], fds: list[int], server: _Server, launcher: socket.socket
+) -> None:  # pragma: no cover
+    """Become ``python -u -c BOOTSTRAP`` on the launcher's streams; never returns."""
+
+    def bootstrap() -> None:
+        import types
+
+        launcher.close()
+        _enter(request, server, "")  # `python -c` puts the empty string first
+        _streams(*fds, unbuffered=True)
+        sys.argv = ["-c"]
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(request["code"], "<string>", "exec"), main.__dict__)
+
+    _exit_with(bootstrap)
+
+
+def _forget_pytest_plugins() -> None:  # pragma: no cover - runs in the server process
+    """Drop from ``sys.modules`` the packages of pytest plugins the preloaded libraries
+    imported (anyio, through httpx): pytest warns of a plugin it finds imported before it
+    could rewrite its asserts, and a fresh interpreter imports them when pytest loads them."""
+    from importlib.metadata import entry_points
+
+    packages = {ep.value.split(":")[0].split(".")[0] for ep in entry_points(group="pytest11")}
+    for name in list(sys.modules):
+        if name.split(".")[0] in packages:
+            del sys.modules[name]
+
+
+def _serve() -> None:  # pragma: no cover - runs in the server process
+    import gc
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    _forget_pytest_plugins()
+    # What the server imported stays alive in every fork: out of the collector's sight, so a
+    # fork's full collections walk only its own objects, as a fresh process's would.
+    gc.freeze()
+    _Server(launcher=sys.argv[1]).serve()
 
 
 # --- the client --------------------------------------------------------------------------------
@@ -153,11 +333,19 @@ class ForkServer:
 
     def __init__(self) -> None:
         self._process: subprocess.Popen[str] | None = None
+        self._socket = ""
         self._busy: ForkedRun | None = None
+        self._launcher_dir = Path(tempfile.mkdtemp(prefix="memeval-launcher-"))
+        # The launcher as an executable (it is what a run's sys.executable names).
+        self._launcher = self._launcher_dir / "python"
+        self._launcher.write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" -S -E "{LAUNCHER}" "$@"\n', encoding="utf-8"
+        )
+        self._launcher.chmod(0o755)
 
     def _start(self) -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [sys.executable, __file__],
+            [sys.executable, __file__, str(self._launcher)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -165,7 +353,7 @@ class ForkServer:
             cwd=Path(__file__).parent,
         )
         self._process = process
-        self.reply(300, ("fork server",))
+        self._socket = str(self.reply(300, ("fork server",))["socket"])
         return process
 
     def reply(self, timeout: float | None, cmdargs: tuple[str, ...]) -> dict[str, Any]:
@@ -193,6 +381,8 @@ class ForkServer:
         assert process.stdin is not None
         env = os.environ.copy()
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+        env[SOCKET_VARIABLE] = self._socket
+        env[PYTHON_VARIABLE] = sys.executable
         request = {
             "args": list(cmdargs[2:]),
             "cwd": os.getcwd(),
@@ -213,6 +403,12 @@ class ForkServer:
             self._process.kill()
             self._process.wait()
             self._process = None
+        for leftover in (self._launcher, Path(self._socket)):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        for folder in (self._launcher_dir, Path(self._socket).parent):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def enabled() -> bool:
