@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from .forkserver import ForkServer
-from .forkserver import enabled as forkserver_enabled
+from . import forkserver
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "demo"
@@ -91,12 +90,29 @@ def write_project(
     return bench
 
 
+def run_forked(pytester: pytest.Pytester, *args: str, timeout: float = 300) -> pytest.RunResult:
+    """``pytester.runpytest_subprocess(*args)``, the process forked from this worker's fork
+    server where there is one (``tests/forkserver.py``): the same run, without the seconds a
+    fresh interpreter spends importing torch, transformers and peft."""
+    server = forkserver.shared()
+    if server is None:
+        return pytester.runpytest_subprocess(*args, timeout=timeout)
+
+    def popen(cmdargs: Sequence[str], stdout: Any, stderr: Any, **_: Any) -> Any:
+        return server.popen(tuple(cmdargs), stdout, stderr)
+
+    setattr(pytester, "popen", popen)  # noqa: B010 - the one method Pytester.run starts a process with
+    try:
+        return pytester.runpytest_subprocess(*args, timeout=timeout)
+    finally:
+        delattr(pytester, "popen")
+
+
 @dataclass
 class MemevalProject:
     """A pytester project with profiles over the demo checkpoint."""
 
     pytester: pytest.Pytester
-    fork_server: ForkServer | None = None
 
     @property
     def path(self) -> Path:
@@ -115,20 +131,8 @@ class MemevalProject:
         return write_project(self.path, records, variant=variant, n=n, profiles=profiles, ini=ini)
 
     def run(self, *args: str, timeout: float = 300) -> pytest.RunResult:
-        """Run pytest in a subprocess (xdist workers need real processes), forked from the
-        worker's fork server where there is one (``tests/forkserver.py``)."""
-        if self.fork_server is None:
-            return self.pytester.runpytest_subprocess(*args, timeout=timeout)
-        server = self.fork_server
-
-        def popen(cmdargs: Sequence[str], stdout: Any, stderr: Any, **_: Any) -> Any:
-            return server.popen(tuple(cmdargs), stdout, stderr)
-
-        setattr(self.pytester, "popen", popen)  # noqa: B010 - the one method Pytester.run starts a process with
-        try:
-            return self.pytester.runpytest_subprocess(*args, timeout=timeout)
-        finally:
-            delattr(self.pytester, "popen")
+        """Run pytest in a subprocess (xdist workers need real processes): :func:`run_forked`."""
+        return run_forked(self.pytester, *args, timeout=timeout)
 
     def run_dir(self, ckpt: str = "demo") -> Path:
         return self.path / "runs" / ckpt
@@ -160,18 +164,16 @@ class MemevalProject:
         return data
 
 
-@pytest.fixture(scope="session")
-def fork_server() -> Iterator[ForkServer | None]:
-    """This test worker's fork server (``tests/forkserver.py``), or None where it is off."""
-    server = ForkServer() if forkserver_enabled() else None
-    yield server
-    if server is not None:
-        server.close()
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """Stop this test worker's fork server (``tests/forkserver.py``) when the session ends."""
+    yield
+    forkserver.close_shared()
 
 
 @pytest.fixture
-def memeval_project(pytester: pytest.Pytester, fork_server: ForkServer | None) -> MemevalProject:
-    return MemevalProject(pytester, fork_server)
+def memeval_project(pytester: pytest.Pytester) -> MemevalProject:
+    return MemevalProject(pytester)
 
 
 @pytest.fixture(autouse=True)

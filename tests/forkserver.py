@@ -7,8 +7,9 @@ CPU on the 2-core CI machine, against a second or two of actual work for a demo 
 ``-n 2`` run starts three of them. A fork server pays that once per test worker. It imports
 those libraries, then forks one child per process asked for:
 
-* a **run** (``memeval_project.run``): the child enters ``python -m pytest ARGS`` with the
-  run's working directory, environment and output files, as pytester's subprocess would;
+* a **run** (``memeval_project.run``, ``run_forked``, ``moduleruns.run_pytest``): the child
+  enters ``python -m pytest ARGS`` with the run's working directory, environment and output
+  files, as pytester's subprocess would;
 * an **xdist worker** of such a run: the run's ``sys.executable`` is a launcher
   (``forklaunch.py``) that hands execnet's bootstrap (``python -u -c ...``), its standard
   streams, environment and directory to the server, whose child runs the bootstrap as that
@@ -33,6 +34,7 @@ find this one in ``sys.modules``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import json
@@ -43,6 +45,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -372,21 +375,35 @@ class ForkServer:
         if self._busy is run:
             self._busy = None
 
-    def popen(self, cmdargs: tuple[str, ...], stdout: IO[str], stderr: IO[str]) -> ForkedRun:
-        """Start ``cmdargs`` (``python -mpytest ...``) as pytester would, forked."""
+    def popen(
+        self,
+        cmdargs: tuple[str, ...],
+        stdout: IO[str],
+        stderr: IO[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ForkedRun:
+        """Start ``cmdargs`` (``python -mpytest ...``), forked: as pytester would (this
+        process's directory and environment, the directory first on ``PYTHONPATH``), or in
+        ``cwd`` with exactly ``env``."""
         if self._busy is not None:  # a run left behind (its test failed before waiting)
             self._busy.kill()
             self._busy.wait()
         process = self._process if self._process is not None else self._start()
         assert process.stdin is not None
-        env = os.environ.copy()
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
-        env[SOCKET_VARIABLE] = self._socket
-        env[PYTHON_VARIABLE] = sys.executable
+        if env is None:
+            environ = os.environ.copy()
+            parts = [os.getcwd(), environ.get("PYTHONPATH", "")]
+            environ["PYTHONPATH"] = os.pathsep.join(filter(None, parts))
+        else:
+            environ = dict(env)
+        environ[SOCKET_VARIABLE] = self._socket
+        environ[PYTHON_VARIABLE] = sys.executable
         request = {
             "args": list(cmdargs[2:]),
-            "cwd": os.getcwd(),
-            "env": env,
+            "cwd": cwd or os.getcwd(),
+            "env": environ,
             "stdout": stdout.name,
             "stderr": stderr.name,
         }
@@ -412,8 +429,30 @@ class ForkServer:
 
 
 def enabled() -> bool:
-    """Whether runs go through the fork server (not when it is switched off)."""
-    return os.environ.get(OFF_SWITCH, "") in ("", "0")
+    """Whether runs go through the fork server: on Linux (forking a process that imported
+    torch is not safe everywhere), unless it is switched off."""
+    return sys.platform == "linux" and os.environ.get(OFF_SWITCH, "") in ("", "0")
+
+
+_shared: ForkServer | None = None
+
+
+def shared() -> ForkServer | None:
+    """This process's fork server (made on first use; its process starts with the first run),
+    or None where it is off."""
+    global _shared
+    if _shared is None and enabled():
+        _shared = ForkServer()
+        atexit.register(close_shared)  # where no session fixture closes it
+    return _shared
+
+
+def close_shared() -> None:
+    """Stop this process's fork server, if it has one."""
+    global _shared
+    if _shared is not None:
+        _shared.close()
+        _shared = None
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from . import forkserver
+
 # The outer session's settings, which a user's run would not have: its PYTEST_ADDOPTS, and
 # the CI job summary file (a test's run must not write into the real job's summary).
 OUTER_ONLY = ("PYTEST_ADDOPTS", "GITHUB_STEP_SUMMARY")
@@ -31,19 +33,44 @@ def run_pytest(
     environ.update(PY_COLORS="0", HOME=str(root), **(env or {}))
     basetemp = root / "runpytest" / uuid.uuid4().hex[:8]
     basetemp.parent.mkdir(exist_ok=True)  # pytest makes the base temp itself, not its parent
+    command = (sys.executable, "-mpytest", f"--basetemp={basetemp}", *args)
     start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", f"--basetemp={basetemp}", *args],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environ,
-        check=False,
-    )
+    server = forkserver.shared()
+    if server is None:
+        proc = subprocess.run(
+            command,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=environ,
+            check=False,
+        )
+        out, err, returncode = proc.stdout, proc.stderr, proc.returncode
+    else:
+        out, err, returncode = _forked(server, command, root, environ, basetemp, timeout)
     return pytest.RunResult(
-        proc.returncode,
-        proc.stdout.splitlines(),
-        proc.stderr.splitlines(),
-        time.monotonic() - start,
+        returncode, out.splitlines(), err.splitlines(), time.monotonic() - start
     )
+
+
+def _forked(
+    server: forkserver.ForkServer,
+    command: tuple[str, ...],
+    root: Path,
+    environ: dict[str, str],
+    basetemp: Path,
+    timeout: float,
+) -> tuple[str, str, int]:
+    """``command`` forked from the worker's fork server (``tests/forkserver.py``): its
+    output and status."""
+    out_file, err_file = basetemp.with_suffix(".stdout"), basetemp.with_suffix(".stderr")
+    with out_file.open("w", encoding="utf-8") as out, err_file.open("w", encoding="utf-8") as err:
+        run = server.popen(command, out, err, cwd=str(root), env=environ)
+        try:
+            returncode = run.wait(timeout)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+            raise
+    return out_file.read_text("utf-8"), err_file.read_text("utf-8"), returncode

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from .. import forkserver
 from ..conftest import MemevalProject
 
 pytestmark = pytest.mark.slow
@@ -58,7 +59,7 @@ def _seen(path: Path) -> dict[str, dict[str, Any]]:
 def test_a_forked_run_and_its_workers_see_what_fresh_interpreters_see(
     memeval_project: MemevalProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert memeval_project.fork_server is not None, "the fork server is off in this session"
+    assert forkserver.shared() is not None, "the fork server is off in this session"
     path = memeval_project.path
     memeval_project.pytester.makeconftest(SEEN)
     memeval_project.pytester.makepyfile(test_x="def test_x():\n    pass\n")

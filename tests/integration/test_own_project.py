@@ -32,6 +32,7 @@ from ..conftest import (
     EVAL_MODULE,
     INNER_ADDOPTS,
     demo_records,
+    run_forked,
     write_jsonl,
 )
 
@@ -90,8 +91,8 @@ def test_a_project_without_a_test_module_is_evaluated(
     root = _project(pytester, absolute_benchmark=where == "absolute")
     paths = [str(root)] if where == "absolute" else []
     junit = root / "junit.xml"
-    result = pytester.runpytest_subprocess(
-        "--ckpt", "mine", "-v", f"--junitxml={junit}", *xdist, *paths, timeout=600
+    result = run_forked(
+        pytester, "--ckpt", "mine", "-v", f"--junitxml={junit}", *xdist, *paths, timeout=600
     )
     output = result.stdout.str() + result.stderr.str()
     assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), output
@@ -112,7 +113,7 @@ def test_a_project_that_imports_the_items_keeps_exactly_its_own(
     root = _project(pytester)
     (root / "test_eval.py").write_text(EVAL_MODULE, "utf-8")
     (root / "test_other.py").write_text("def test_other():\n    pass\n", "utf-8")
-    listed = pytester.runpytest_subprocess("--ckpt", "mine", "--collect-only", "-q")
+    listed = run_forked(pytester, "--ckpt", "mine", "--collect-only", "-q")
     assert listed.ret == pytest.ExitCode.OK, listed.stdout.str() + listed.stderr.str()
     ids = [line for line in listed.stdout.lines if "::" in line]
     expected = [f"test_eval.py::{f}[{sid}]" for sid in _ids() for f in FUNCS]
@@ -121,7 +122,7 @@ def test_a_project_that_imports_the_items_keeps_exactly_its_own(
 
     # Without test_eval.py the same collection has the plugin's items beside test_other.
     (root / "test_eval.py").unlink()
-    listed = pytester.runpytest_subprocess("--ckpt", "mine", "--collect-only", "-q")
+    listed = run_forked(pytester, "--ckpt", "mine", "--collect-only", "-q")
     ids = [line for line in listed.stdout.lines if "::" in line]
     provided = [f"memeval::{f}[{sid}]" for sid in _ids() for f in FUNCS]
     assert sorted(ids) == sorted([*provided, "test_other.py::test_other"])
@@ -132,7 +133,7 @@ def test_a_named_path_without_eval_items_runs_what_it_names(
 ) -> None:
     root = _project(pytester)
     (root / "test_other.py").write_text("def test_other():\n    pass\n", "utf-8")
-    result = pytester.runpytest_subprocess("--ckpt", "mine", "test_other.py")
+    result = run_forked(pytester, "--ckpt", "mine", "test_other.py")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
     result.assert_outcomes(passed=1)
     assert "memeval: run directory" not in result.stdout.str()
@@ -142,7 +143,7 @@ def test_a_named_path_without_eval_items_runs_what_it_names(
     (root / "sub").mkdir()
     for where, path in ((root, "."), (root / "sub", "..")):
         monkeypatch.chdir(where)
-        listed = pytester.runpytest_subprocess("--ckpt", "mine", "--co", "-q", path)
+        listed = run_forked(pytester, "--ckpt", "mine", "--co", "-q", path)
         ids = [line for line in listed.stdout.lines if "::" in line]
         provided = [f"memeval::{f}[{sid}]" for sid in _ids() for f in FUNCS]
         assert sorted(ids) == sorted([*provided, "test_other.py::test_other"]), path
@@ -155,7 +156,7 @@ def test_every_eval_item_deselected_is_one_line_and_writes_nothing(
     root = _project(pytester)
     (root / "test_other.py").write_text("def test_other():\n    pass\n", "utf-8")
     for selection in (["-k", "no_such_item"], ["-k", "test_other"]):
-        result = pytester.runpytest_subprocess("--ckpt", "mine", *xdist, *selection)
+        result = run_forked(pytester, "--ckpt", "mine", *xdist, *selection)
         output = result.stdout.str() + result.stderr.str()
         assert result.ret == pytest.ExitCode.USAGE_ERROR, output
         line = f"ERROR: {nothing_selected('mine', 2 * N)}"
