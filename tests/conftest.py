@@ -99,7 +99,10 @@ def run_forked(pytester: pytest.Pytester, *args: str, timeout: float = 300) -> p
         return pytester.runpytest_subprocess(*args, timeout=timeout)
 
     def popen(cmdargs: Sequence[str], stdout: Any, stderr: Any, **_: Any) -> Any:
-        return server.popen(tuple(cmdargs), stdout, stderr)
+        # As Pytester.popen starts the process: here, this directory first on PYTHONPATH.
+        env = os.environ.copy()
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+        return server.popen(tuple(cmdargs), stdout, stderr, cwd=os.getcwd(), env=env)
 
     setattr(pytester, "popen", popen)  # noqa: B010 - the one method Pytester.run starts a process with
     try:

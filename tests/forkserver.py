@@ -72,8 +72,6 @@ SOCKET_VARIABLE = "MEMEVAL_TEST_FORK_SERVER"
 #: The interpreter the launcher execs for anything but an xdist worker's bootstrap.
 PYTHON_VARIABLE = "MEMEVAL_TEST_PYTHON"
 LAUNCHER = Path(__file__).with_name("forklaunch.py")
-#: What execnet runs (``python -u -c LINE``) to start an xdist worker.
-EXECNET_BOOTSTRAP = "import sys;exec(eval(sys.stdin.readline()))"
 
 
 # --- the server (run as a script) ------------------------------------------------------------
@@ -100,9 +98,6 @@ class _Server:  # pragma: no cover - runs in the server process
 
     def reply(self, message: dict[str, Any]) -> None:
         print(json.dumps(message), file=self.replies, flush=True)
-
-    def own_descriptors(self) -> list[Any]:
-        return [self.requests, self.replies, self.listener, *self.workers.values()]
 
     def serve(self) -> None:
         self.reply({"ready": os.getpid(), "socket": self.address})
@@ -174,7 +169,7 @@ class _Server:  # pragma: no cover - runs in the server process
                 connection.close()
 
     def close_in_child(self) -> None:
-        for held in self.own_descriptors():
+        for held in (self.requests, self.replies, self.listener, *self.workers.values()):
             with contextlib.suppress(OSError):
                 held.close()
 
@@ -221,8 +216,6 @@ def _streams(stdin: int, stdout: int, stderr: int, *, unbuffered: bool) -> None:
 
 def _exit_with(body: Any) -> None:  # pragma: no cover
     """Run ``body`` as an interpreter's main program would run, then end the process."""
-    import atexit
-
     code: int = 1
     try:
         body()
@@ -381,28 +374,19 @@ class ForkServer:
         stdout: IO[str],
         stderr: IO[str],
         *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
+        cwd: str,
+        env: Mapping[str, str],
     ) -> ForkedRun:
-        """Start ``cmdargs`` (``python -mpytest ...``), forked: as pytester would (this
-        process's directory and environment, the directory first on ``PYTHONPATH``), or in
-        ``cwd`` with exactly ``env``."""
+        """Start ``cmdargs`` (``python -mpytest ...``) in ``cwd`` with ``env``, forked."""
         if self._busy is not None:  # a run left behind (its test failed before waiting)
             self._busy.kill()
             self._busy.wait()
         process = self._process if self._process is not None else self._start()
         assert process.stdin is not None
-        if env is None:
-            environ = os.environ.copy()
-            parts = [os.getcwd(), environ.get("PYTHONPATH", "")]
-            environ["PYTHONPATH"] = os.pathsep.join(filter(None, parts))
-        else:
-            environ = dict(env)
-        environ[SOCKET_VARIABLE] = self._socket
-        environ[PYTHON_VARIABLE] = sys.executable
+        environ = {**env, SOCKET_VARIABLE: self._socket, PYTHON_VARIABLE: sys.executable}
         request = {
             "args": list(cmdargs[2:]),
-            "cwd": cwd or os.getcwd(),
+            "cwd": cwd,
             "env": environ,
             "stdout": stdout.name,
             "stderr": stderr.name,

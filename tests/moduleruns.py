@@ -34,43 +34,24 @@ def run_pytest(
     basetemp = root / "runpytest" / uuid.uuid4().hex[:8]
     basetemp.parent.mkdir(exist_ok=True)  # pytest makes the base temp itself, not its parent
     command = (sys.executable, "-mpytest", f"--basetemp={basetemp}", *args)
-    start = time.monotonic()
-    server = forkserver.shared()
-    if server is None:
-        proc = subprocess.run(
-            command,
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=environ,
-            check=False,
-        )
-        out, err, returncode = proc.stdout, proc.stderr, proc.returncode
-    else:
-        out, err, returncode = _forked(server, command, root, environ, basetemp, timeout)
-    return pytest.RunResult(
-        returncode, out.splitlines(), err.splitlines(), time.monotonic() - start
-    )
-
-
-def _forked(
-    server: forkserver.ForkServer,
-    command: tuple[str, ...],
-    root: Path,
-    environ: dict[str, str],
-    basetemp: Path,
-    timeout: float,
-) -> tuple[str, str, int]:
-    """``command`` forked from the worker's fork server (``tests/forkserver.py``): its
-    output and status."""
     out_file, err_file = basetemp.with_suffix(".stdout"), basetemp.with_suffix(".stderr")
+    start = time.monotonic()
+    server = forkserver.shared()  # forked from the worker's fork server where there is one
     with out_file.open("w", encoding="utf-8") as out, err_file.open("w", encoding="utf-8") as err:
-        run = server.popen(command, out, err, cwd=str(root), env=environ)
+        process: subprocess.Popen[str] | forkserver.ForkedRun = (
+            subprocess.Popen(command, cwd=root, env=environ, stdout=out, stderr=err, text=True)
+            if server is None
+            else server.popen(command, out, err, cwd=str(root), env=environ)
+        )
         try:
-            returncode = run.wait(timeout)
+            returncode = process.wait(timeout)
         except subprocess.TimeoutExpired:
-            run.kill()
-            run.wait()
+            process.kill()
+            process.wait()
             raise
-    return out_file.read_text("utf-8"), err_file.read_text("utf-8"), returncode
+    return pytest.RunResult(
+        returncode,
+        out_file.read_text("utf-8").splitlines(),
+        err_file.read_text("utf-8").splitlines(),
+        time.monotonic() - start,
+    )
