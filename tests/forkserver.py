@@ -1,5 +1,5 @@
-"""Pytest runs, and the xdist workers they start, forked from a process that has already
-imported torch, transformers and peft.
+"""Pytest runs, the xdist workers they start and the tests' other Python programs, forked
+from a process that has already imported torch, transformers and peft.
 
 Most of this suite's time went into starting processes: each fresh interpreter of a model run
 imports torch, transformers' modelling code and peft before it decodes a turn (about 7 s of
@@ -10,13 +10,15 @@ those libraries, then forks one child per process asked for:
 * a **run** (``memeval_project.run``, ``run_forked``, ``moduleruns.run_pytest``): the child
   enters ``python -m pytest ARGS`` with the run's working directory, environment and output
   files, as pytester's subprocess would;
-* an **xdist worker** of such a run: the run's ``sys.executable`` is a launcher
-  (``forklaunch.py``) that hands execnet's bootstrap (``python -u -c ...``), its standard
-  streams, environment and directory to the server, whose child runs the bootstrap as that
-  interpreter would. The launcher then holds no stream of its own: when the worker dies, its
-  pipes close and xdist sees it die, as it would see a fresh interpreter die. The launcher
-  ends with the worker's status (a signal as that signal); killed itself, its worker is
-  killed. Any other command the launcher is given is the real interpreter's (``exec``).
+* a **launched program**: a forked run's ``sys.executable`` is a launcher (``forklaunch.py``),
+  and so is the interpreter a test starts Python with through :func:`interpreter`. Given
+  ``-c CODE`` or ``-m MODULE`` (execnet's start of an xdist worker, ``python -u -c ...``,
+  among them), it hands the program, its standard streams, environment and directory to the
+  server, whose child runs the program as that interpreter would. The launcher then holds no
+  stream of its own: when the child dies, its pipes close and whoever reads them sees it die,
+  as they would see a fresh interpreter die. The launcher ends with the child's status (a
+  signal as that signal); killed itself, its child is killed. Any other command the launcher
+  is given is the real interpreter's (``exec``).
 
 The plugin itself, pytest and its plugins and the project's modules are not imported before
 the fork (pytest must import them itself, for assertion rewriting and for their import-time
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,7 +72,7 @@ PRELOADED = (
 OFF_SWITCH = "MEMEVAL_TEST_FRESH_INTERPRETERS"
 #: The server's socket for launchers, in the environment of every run it forks.
 SOCKET_VARIABLE = "MEMEVAL_TEST_FORK_SERVER"
-#: The interpreter the launcher execs for anything but an xdist worker's bootstrap.
+#: The interpreter the launcher execs for anything but ``-c CODE`` or ``-m MODULE``.
 PYTHON_VARIABLE = "MEMEVAL_TEST_PYTHON"
 LAUNCHER = Path(__file__).with_name("forklaunch.py")
 
@@ -93,7 +96,7 @@ class _Server:  # pragma: no cover - runs in the server process
         self.listener.bind(self.address)
         self.listener.listen(16)
         self.runs: set[int] = set()  # pids of the runs the client asked for
-        self.workers: dict[int, socket.socket] = {}  # pid of a worker -> its launcher
+        self.launched: dict[int, socket.socket] = {}  # pid of a launched child -> its launcher
         self.pending = b""
 
     def reply(self, message: dict[str, Any]) -> None:
@@ -103,14 +106,14 @@ class _Server:  # pragma: no cover - runs in the server process
         self.reply({"ready": os.getpid(), "socket": self.address})
         while True:
             readable, _, _ = select.select(
-                [self.requests, self.listener, *self.workers.values()], [], [], 0.05
+                [self.requests, self.listener, *self.launched.values()], [], [], 0.05
             )
             for source in readable:
                 if source is self.requests:
                     if not self.read_requests():
                         return
                 elif source is self.listener:
-                    self.spawn_worker()
+                    self.spawn_launched()
                 else:
                     self.launcher_gone(source)
             self.reap()
@@ -127,18 +130,18 @@ class _Server:  # pragma: no cover - runs in the server process
             self.reply({"pid": pid})
         return True
 
-    def spawn_worker(self) -> None:
+    def spawn_launched(self) -> None:
         connection, _ = self.listener.accept()
         message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
         request = json.loads(message)
-        pid = self.fork(functools.partial(_worker, request, fds, self, connection))
+        pid = self.fork(functools.partial(_launched, request, fds, self, connection))
         for fd in fds:
             os.close(fd)
         connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        self.workers[pid] = connection
+        self.launched[pid] = connection
 
     def launcher_gone(self, connection: socket.socket) -> None:
-        for pid, held in self.workers.items():
+        for pid, held in self.launched.items():
             if held is connection:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)  # reaped below
@@ -162,14 +165,14 @@ class _Server:  # pragma: no cover - runs in the server process
             if pid in self.runs:
                 self.runs.discard(pid)
                 self.reply({"returncode": returncode})
-            elif pid in self.workers:
-                connection = self.workers.pop(pid)
+            elif pid in self.launched:
+                connection = self.launched.pop(pid)
                 with contextlib.suppress(OSError):
                     connection.sendall(json.dumps({"returncode": returncode}).encode() + b"\n")
                 connection.close()
 
     def close_in_child(self) -> None:
-        for held in (self.requests, self.replies, self.listener, *self.workers.values()):
+        for held in (self.requests, self.replies, self.listener, *self.launched.values()):
             with contextlib.suppress(OSError):
                 held.close()
 
@@ -186,6 +189,8 @@ def _enter(request: dict[str, Any], server: _Server, first_path: str) -> None:  
     pythonpath = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [first_path, *pythonpath, *server.base_path]
     random.seed()  # a fresh interpreter seeds from the OS; forks would share one state
+    # What a fresh interpreter reads from its environment and a fork can still change.
+    sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
     sys.executable = server.launcher
 
 
@@ -200,14 +205,14 @@ def _streams(stdin: int, stdout: int, stderr: int, *, unbuffered: bool) -> None:
     stdin_binary = open(0, "rb", closefd=False)  # noqa: SIM115
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(stdin_binary, encoding="utf-8")
     for number, name in ((1, "stdout"), (2, "stderr")):
-        # As the interpreter opens them: `-u` unbuffered; else stdout block-buffered to a file
-        # and stderr line-buffered.
+        # As the interpreter opens them: `-u` unbuffered; else stdout block-buffered (line-
+        # buffered to a terminal) and stderr line-buffered.
         binary: Any = open(number, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
         text = io.TextIOWrapper(
             binary,
             encoding="utf-8",
             errors="backslashreplace" if name == "stderr" else "strict",
-            line_buffering=name == "stderr" and not unbuffered,
+            line_buffering=not unbuffered and (name == "stderr" or os.isatty(number)),
             write_through=unbuffered,
         )
         setattr(sys, name, text)
@@ -253,23 +258,33 @@ def _run(request: dict[str, Any], server: _Server) -> None:  # pragma: no cover
     _exit_with(pytest_main)
 
 
-def _worker(
+def _launched(
     request: dict[str, Any], fds: list[int], server: _Server, launcher: socket.socket
 ) -> None:  # pragma: no cover
-    """Become ``python -u -c BOOTSTRAP`` on the launcher's streams; never returns."""
+    """Become ``python [-u] -c CODE ARGS`` or ``python [-u] -m MODULE ARGS`` on the launcher's
+    streams; never returns."""
 
-    def bootstrap() -> None:
+    def program() -> None:
         import types
 
         launcher.close()
-        _enter(request, server, "")  # `python -c` puts the empty string first
-        _streams(*fds, unbuffered=True)
-        sys.argv = ["-c"]
+        module = request.get("module")
+        # `python -m` puts the directory first on sys.path, `python -c` the empty string.
+        _enter(request, server, request["cwd"] if module else "")
+        unbuffered = request["unbuffered"] or bool(request["env"].get("PYTHONUNBUFFERED"))
+        _streams(*fds, unbuffered=unbuffered)
+        sys.argv = list(request["argv"])
         main = types.ModuleType("__main__")
         sys.modules["__main__"] = main
-        exec(compile(request["code"], "<string>", "exec"), main.__dict__)
+        if module:
+            import runpy
 
-    _exit_with(bootstrap)
+            # What `python -m` itself calls: sys.argv[0] becomes the module's file.
+            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
+        else:
+            exec(compile(request["code"], "<string>", "exec"), main.__dict__)
+
+    _exit_with(program)
 
 
 def _forget_pytest_plugins() -> None:  # pragma: no cover - runs in the server process
@@ -397,6 +412,13 @@ class ForkServer:
         self._busy = run
         return run
 
+    def interpreter(self, env: Mapping[str, str]) -> Interpreter:
+        """The launcher, and ``env`` with what it needs to reach this server."""
+        if self._process is None:
+            self._start()
+        environ = {**env, SOCKET_VARIABLE: self._socket, PYTHON_VARIABLE: sys.executable}
+        return Interpreter(str(self._launcher), environ)
+
     def close(self) -> None:
         if self._process is not None:
             if self._busy is not None:
@@ -410,6 +432,25 @@ class ForkServer:
         for folder in (self._launcher_dir, Path(self._socket).parent):
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """How a test starts a Python program: ``[executable, "-m", MODULE, ...]`` (or ``-c
+    CODE``) with ``env`` as the process's whole environment."""
+
+    executable: str
+    env: dict[str, str]
+
+
+def interpreter(env: Mapping[str, str] | None = None) -> Interpreter:
+    """The Python a test starts ``-c CODE`` or ``-m MODULE`` with: the launcher, whose program
+    is forked from this worker's fork server, or ``sys.executable`` where the server is off.
+    ``env`` (this process's environment if None) comes back with the launcher's variables.
+    A test that checks what a fresh process imports starts ``sys.executable`` itself."""
+    environ = dict(os.environ if env is None else env)
+    server = shared()
+    return Interpreter(sys.executable, environ) if server is None else server.interpreter(environ)
 
 
 def enabled() -> bool:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .. import forkserver
 from ..conftest import MemevalProject, demo_records, write_project
 
 pytestmark = pytest.mark.slow
@@ -87,10 +87,11 @@ def _run(root: Path, cache: Path, *args: str) -> Run:
     # default cache directory is the project's own, outer options and colours off.
     env = {**os.environ, "HOME": str(root), "USERPROFILE": str(root), "PY_COLORS": "0"}
     env.pop("PYTEST_ADDOPTS", None)
+    python = forkserver.interpreter(env)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--ckpt", "demo", *args],
+        [python.executable, "-m", "pytest", "--ckpt", "demo", *args],
         cwd=root,
-        env=env,
+        env=python.env,
         capture_output=True,
         text=True,
         timeout=600,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
+from .. import forkserver
 from ..envs import require_textworld, twc_profile, write_pyproject
 
 
@@ -30,9 +30,11 @@ class Runs:
 
 
 def _pytest(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    python = forkserver.interpreter()
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "0", *args],
+        [python.executable, "-m", "pytest", "-n", "0", *args],
         cwd=root,
+        env=python.env,
         capture_output=True,
         text=True,
         timeout=600,

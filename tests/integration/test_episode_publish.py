@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from pytest_memeval.tools.cli import main
 
+from .. import forkserver
 from ..envs import require_textworld, twc_profile, write_pyproject
 from ..pages import Page
 
@@ -49,13 +49,14 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if importlib.util.find_spec("mlflow") is not None:  # the extra: log the run too
         mlflow = (root / "mlruns").as_uri()
         args += ["--memeval-mlflow", mlflow, "--memeval-mlflow-experiment", "episodes"]
+    python = forkserver.interpreter(env)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *args],
+        [python.executable, "-m", "pytest", *args],
         cwd=root,
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env=python.env,
         check=False,
     )
     out = proc.stdout + proc.stderr

@@ -39,7 +39,7 @@ from pytest_memeval.model.loading import LoadedModel, load_model
 from pytest_memeval.model.preflight import context_limit, preflight
 from pytest_memeval.model.prompts import scenario_prompts
 
-from ..conftest import BASE_MODEL, INNER_ADDOPTS, MemevalProject, write_jsonl
+from ..conftest import BASE_MODEL, INNER_ADDOPTS, MemevalProject, run_forked, write_jsonl
 from ..families import (
     CHECKPOINTS,
     FAMILIES,
@@ -342,7 +342,7 @@ def test_token_guard_flags_a_doubled_bos_in_a_users_profile(
     pytester.makepyfile(
         test_guards="from pytest_memeval.guard_tests import test_prompt_prefix  # noqa: F401\n"
     )
-    result = pytester.runpytest_subprocess("test_guards.py")
+    result = run_forked(pytester, "test_guards.py")
     result.assert_outcomes(failed=2)
     text = result.stdout.str()
     assert (

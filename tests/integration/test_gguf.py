@@ -22,6 +22,7 @@ from pytest_memeval.model.checks import CheckpointError, check_model_dir, finger
 from pytest_memeval.model.gguf import PROVENANCE, convert_gguf
 from pytest_memeval.tools.cli import main
 
+from .. import forkserver
 from ..conftest import EVAL_MODULE, INNER_ADDOPTS, MemevalProject, write_jsonl
 from ..families import FAMILIES, family_records
 from ..ggufs import TINY_LLAMA, write_tiny_gguf
@@ -226,12 +227,12 @@ def test_two_runs_racing_for_one_file_convert_it_once(
 ) -> None:
     _project(memeval_project, tiny[0])
     root = memeval_project.path
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    python = forkserver.interpreter({**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "pytest", "--ckpt", "tiny", f"--memeval-out=runs/{name}"],
+            [python.executable, "-m", "pytest", "--ckpt", "tiny", f"--memeval-out=runs/{name}"],
             cwd=root,
-            env=env,
+            env=python.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -13,7 +13,7 @@ import pytest
 from pytest_memeval.runtime.devices import resolve_devices
 from pytest_memeval.tools.cli import main
 
-from ..conftest import ADAPTERS, BASE_MODEL, DEMO
+from ..conftest import ADAPTERS, BASE_MODEL, DEMO, fork_started_programs
 
 
 def _profiles(tmp_path: Path) -> Path:
@@ -44,11 +44,13 @@ generation = {{ max_new_tokens = 16 }}
 
 
 # Two benches and a pytest -n 2 shard of a few scenarios each: process start-ups are most of
-# its time (about half a minute on a quiet 2-core machine).
+# its time (about half a minute on a quiet 2-core machine): the steps fork from the tests'
+# fork server instead (tests/forkserver.py).
 @pytest.mark.slow
 def test_the_cpu_check_benches_runs_bound_workers_and_says_what_is_absent(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    fork_started_programs(monkeypatch)
     out = tmp_path / "report" / "gpu-check.md"
     profiles = _profiles(tmp_path)
     argv = ["gpu-check", "--device", "cpu", "--quick", "--out", str(out)]

@@ -30,7 +30,7 @@ from pytest_memeval.guards.checks import (
     serialize_tokens,
 )
 
-from ..conftest import BASE_MODEL, DEMO
+from ..conftest import BASE_MODEL, DEMO, run_forked
 
 N = 4  # scenarios per variant in the pytester projects
 GUARD_MODULE = "test_project_guards"  # not test_guards: the repo's own module has that name
@@ -464,7 +464,7 @@ def test_xdist_update_keeps_snapshots_and_rewrites_only_what_changed(
     before = digest(project / SNAPSHOTS)
     template = project / "tok" / "chat_template.jinja"
     template.write_text(template.read_text("utf-8").replace("' <|eot|> '", "' <|eot|>  <|eot|> '"))
-    result = pytester.runpytest_subprocess("-n", "2", "--snapshot-update", timeout=300)
+    result = run_forked(pytester, "-n", "2", "--snapshot-update", timeout=300)
     result.assert_outcomes(passed=N_ITEMS)
     passed, updated = N_SNAPSHOTS - 2 * N, 2 * N
     result.stdout.fnmatch_lines([f"*{passed} snapshots passed. {updated} snapshots updated."])

@@ -14,7 +14,6 @@ import io
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import pytest
 from pytest_memeval.core.profiles import resolve_profile
 from pytest_memeval.tools.cli import main
 
+from .. import forkserver
 from ..conftest import ADAPTERS, BASE_MODEL, DEMO, INNER_ADDOPTS, demo_records, write_jsonl
 from ..ggufs import write_tiny_gguf
 
@@ -86,9 +86,11 @@ def test_init_writes_a_profile_that_pytest_runs(project: Path) -> None:
     assert "pytest --ckpt mine -n 2" in out
 
     # The command it printed, in that project: every scenario evaluated and written.
+    python = forkserver.interpreter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--ckpt", "mine", *INNER_ADDOPTS.split()],
+        [python.executable, "-m", "pytest", "--ckpt", "mine", *INNER_ADDOPTS.split()],
         cwd=project,
+        env=python.env,
         capture_output=True,
         text=True,
         timeout=600,

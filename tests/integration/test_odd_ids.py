@@ -20,7 +20,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ from markupsafe import escape  # the report's (Jinja2's) escaper: ' as &#39;, " 
 from pytest_memeval.core.ids import IdMap, item_name, param_id
 from pytest_memeval.tools.cli import main
 
+from .. import forkserver
 from ..conftest import EVAL_MODULE, UNRELATED_PLUGINS_OFF, write_jsonl
 from ..runfactory import benchmark_with_ids as _benchmark
 from ..runfactory import read_jsonl
@@ -127,9 +127,11 @@ def check_round_trip(root: Path, ids: Sequence[str], xdist: Sequence[str]) -> No
 
     def run(name: str, *args: str) -> dict[str, str]:
         junit = root / f"{name}.xml"
+        python = forkserver.interpreter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", *xdist, f"--junitxml={junit}", *args],
+            [python.executable, "-m", "pytest", "-q", *xdist, f"--junitxml={junit}", *args],
             cwd=root,
+            env=python.env,
             capture_output=True,
             text=True,
             timeout=300,

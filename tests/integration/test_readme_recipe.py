@@ -13,18 +13,16 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from .. import forkserver
 from ..conftest import INNER_ADDOPTS, REPO
 
 MARK = "<!-- ci-recipe -->"
-_PROGRAMS = {
-    "pytest": [sys.executable, "-m", "pytest"],
-    "memeval": [sys.executable, "-m", "pytest_memeval"],
-}
+#: The modules the README's programs run (``python -m MODULE``).
+_PROGRAMS = {"pytest": "pytest", "memeval": "pytest_memeval"}
 
 
 def recipe_commands(readme: str) -> list[list[str]]:
@@ -72,12 +70,12 @@ def test_the_readme_ci_recipe_passes_on_the_demo(tmp_path: Path) -> None:
     gated = commands[-1]
     assert "--memeval-min-m1" in " ".join(gated) and "--memeval-max-drop" in " ".join(gated)
     project = _project_copy(tmp_path / "project")
-    env = {**os.environ, "PYTEST_ADDOPTS": INNER_ADDOPTS}
+    python = forkserver.interpreter({**os.environ, "PYTEST_ADDOPTS": INNER_ADDOPTS})
     for words in commands:
         done = subprocess.run(
-            [*_PROGRAMS[words[0]], *words[1:]],
+            [python.executable, "-m", _PROGRAMS[words[0]], *words[1:]],
             cwd=project,
-            env=env,
+            env=python.env,
             capture_output=True,
             text=True,
             timeout=600,

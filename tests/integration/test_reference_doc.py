@@ -14,7 +14,6 @@ import inspect
 import io
 import re
 import subprocess
-import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -23,6 +22,7 @@ import pytest
 from pytest_memeval import hookspecs
 from pytest_memeval.tools.cli import COMMANDS, main
 
+from .. import forkserver
 from ..conftest import REPO
 
 REFERENCE = REPO / "docs" / "reference.md"
@@ -97,13 +97,15 @@ def pytest_help(run_pytest: Callable[..., str]) -> str:
 
 @pytest.fixture(scope="module")
 def run_pytest(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
-    """``pytest ARGS`` in a fresh process, in an empty directory: its standard output."""
+    """``pytest ARGS`` in a process of its own, in an empty directory: its standard output."""
     where = tmp_path_factory.mktemp("help")
 
     def run(*args: str) -> str:
+        python = forkserver.interpreter()
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:randomly", *args],
+            [python.executable, "-m", "pytest", "-p", "no:randomly", *args],
             cwd=where,
+            env=python.env,
             capture_output=True,
             text=True,
             timeout=300,

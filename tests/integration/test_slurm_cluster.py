@@ -27,7 +27,14 @@ import pytest
 from pytest_memeval.core.recount import recount_run
 from pytest_memeval.tools.cli import main
 
-from ..conftest import ADAPTERS, BASE_MODEL, INNER_ADDOPTS, MemevalProject, demo_records
+from ..conftest import (
+    ADAPTERS,
+    BASE_MODEL,
+    INNER_ADDOPTS,
+    MemevalProject,
+    demo_records,
+    fork_started_programs,
+)
 from ..envs import TWC_TABLE, require_textworld
 from ..runfactory import COUNT_FIELDS, content, read_jsonl
 
@@ -224,6 +231,9 @@ def test_slurm_submit_fail_resubmit_merge(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    # The jobs' Python (the batch scripts' $PYTHON) forks from the tests' fork server: a job's
+    # pytest then spends no time importing torch. Killed, its launcher ends as it did.
+    fork_started_programs(monkeypatch)
     # Jobs inherit this environment (sbatch's default --export=ALL): one torch thread per
     # shard, as each task is given one CPU; and nothing of this pytest session's xdist.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -361,6 +371,7 @@ def test_slurm_runs_closed_loop_shards_and_merges_them(
     merge job's episode merge: the merged run holds exactly the unsharded run's episodes."""
     require_textworld()
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    fork_started_programs(monkeypatch)  # as in the test above
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(var, raising=False)
