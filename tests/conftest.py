@@ -300,7 +300,7 @@ def pytest_configure_node(node: Any) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test ``unit`` or ``integration`` by its folder, so that no file repeats it
-    (``-m unit`` is the millisecond tests, ``-m "not slow"`` the inner loop); group each
+    (``-m unit`` is the millisecond tests, ``-n 2 -m "not slow"`` the inner loop); group each
     integration module for ``--dist loadgroup`` and put the longest ones first."""
     for item in items:
         if item.path.is_relative_to(UNIT):

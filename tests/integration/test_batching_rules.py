@@ -32,6 +32,7 @@ def test_the_demo_lengths_are_the_tokenizers() -> None:
     assert _lengths("oracle", tokenizer) == DATA["lengths"]["demo"]
 
 
+@pytest.mark.slow
 def test_the_smollm2_lengths_are_its_tokenizers() -> None:
     profile = resolve_profile("smol-oracle", REPO / "pyproject.toml")
     gguf = profile.model

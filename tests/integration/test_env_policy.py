@@ -15,6 +15,9 @@ from pytest_memeval.model.loading import LoadedModel, load_model
 from ..conftest import ADAPTERS, BASE_MODEL
 from ..envs import require_textworld, twc_spec
 
+# The demo model acting in TextWorld Express JVMs: not the inner loop.
+pytestmark = pytest.mark.slow
+
 MAX_NEW = 8
 STEPS = 3
 

@@ -28,6 +28,9 @@ from pytest_memeval.env import (
 
 from ..envs import TWC_TABLE, is_running, java_children, require_textworld, scripted, twc_spec
 
+# Each test starts TextWorld Express JVMs: not the inner loop.
+pytestmark = pytest.mark.slow
+
 SEEDS = range(6)
 
 

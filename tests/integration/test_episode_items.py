@@ -40,6 +40,7 @@ def _trajectories(project: MemevalProject, ckpt: str) -> dict[str, Any]:
     return {r["id"]: r["trajectory"] for r in project.predictions(ckpt)}
 
 
+@pytest.mark.slow
 def test_each_seed_is_an_item_and_the_run_directory_holds_its_episode(
     memeval_project: MemevalProject, marker: str
 ) -> None:
@@ -87,6 +88,7 @@ def test_each_seed_is_an_item_and_the_run_directory_holds_its_episode(
         env.close()
 
 
+@pytest.mark.slow  # a pytest run (the fork server's first, on its worker)
 def test_a_usage_error_names_what_the_env_lacks(memeval_project: MemevalProject) -> None:
     require_textworld()
     write_pyproject(
@@ -98,6 +100,7 @@ def test_a_usage_error_names_what_the_env_lacks(memeval_project: MemevalProject)
     assert not memeval_project.run_dir("bad").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_closed_loop_profile_given_only_scenario_items_is_a_usage_error(
     memeval_project: MemevalProject, workers: str
@@ -142,6 +145,7 @@ def pytest_memeval_make_env(config, spec):
 """
 
 
+@pytest.mark.slow
 def test_under_xdist_each_worker_steps_a_chunk_of_episodes_together(
     memeval_project: MemevalProject,
 ) -> None:

@@ -113,11 +113,13 @@ def test_forward_passes_run_causal_sdpa_and_generate_keeps_the_models_attention(
     assert attention_implementation(oracle.model) == "eager"
 
 
+@pytest.mark.slow
 def test_a_16_bit_model_keeps_its_attention_in_the_forward_pass() -> None:
     bf16 = load_model(BASE_MODEL, ADAPTERS / "oracle", dtype="bfloat16")
     assert FastDecoder(bf16, MAX_NEW).forward_attention is None
 
 
+@pytest.mark.slow
 def test_a_16_bit_model_on_the_cpu_forwards_one_scenario_a_pass(
     oracle: LoadedModel, scenarios: list[Scenario]
 ) -> None:

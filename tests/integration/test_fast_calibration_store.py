@@ -24,6 +24,9 @@ from pytest_memeval.model.loading import LoadedModel, load_model
 
 from ..conftest import ADAPTERS, BASE_MODEL, demo_records
 
+# Demo-model decodes measuring and reusing calibrations: not the inner loop.
+pytestmark = pytest.mark.slow
+
 MAX_NEW = 16
 WEIGHTS = {"model": "sha256:demo-base", "adapter": "sha256:demo-oracle"}
 

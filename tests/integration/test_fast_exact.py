@@ -34,6 +34,9 @@ from pytest_memeval.model.prompts import turn_prompts
 
 from ..conftest import ADAPTERS, BASE_MODEL, demo_records
 
+# Real demo-model decodes in bf16 and fp32, about 25 s on 2 cores: not the inner loop.
+pytestmark = pytest.mark.slow
+
 MAX_NEW = 16
 
 

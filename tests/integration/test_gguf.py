@@ -133,6 +133,7 @@ def _project(project: MemevalProject, tiny: Path, *, extra: str = "") -> list[di
     return records
 
 
+@pytest.mark.slow  # a pytest run (the fork server's first, on its worker)
 def test_missing_gguf_package_stops_the_run_with_one_usage_error(
     tiny: tuple[Path, dict[str, Any]], memeval_project: MemevalProject
 ) -> None:

@@ -20,6 +20,9 @@ from pytest_memeval.env import make_env, parse_env_spec
 from ..conftest import ADAPTERS, BASE_MODEL, MemevalProject
 from ..envs import java_children, require_textworld
 
+# Builds and replays run TextWorld Express JVMs: not the inner loop.
+pytestmark = pytest.mark.slow
+
 #: two rooms behind doors, two objects: containers to open on some seeds
 PARAMS = "numLocations=2,numItemsToPutAway=2,includeDoors=1,limitInventorySize=0"
 OPTIONS: dict[str, Any] = {"params": PARAMS, "fold": "test", "seeds": "0-4", "query": "opened"}
@@ -121,7 +124,6 @@ seeds = "0-1"
 """
 
 
-@pytest.mark.slow
 def test_a_profile_evaluates_the_built_benchmark(memeval_project: MemevalProject) -> None:
     require_textworld()
     profile = PROFILE.format(model=BASE_MODEL.as_posix(), adapter=(ADAPTERS / "oracle").as_posix())
