@@ -25,15 +25,12 @@ def program(args: list[str]) -> dict[str, object] | None:
     unbuffered = False
     while args[:1] == ["-u"]:
         unbuffered, args = True, args[1:]
-    if not args:
-        return None
-    if args[0] == "-c" and len(args) >= 2:
+    if args[:1] and args[0].startswith("-m") and len(args[0]) > 2:  # -mpytest
+        args = ["-m", args[0][2:], *args[1:]]
+    if len(args) >= 2 and args[0] == "-c":
         return {"code": args[1], "argv": ["-c", *args[2:]], "unbuffered": unbuffered}
-    if args[0] == "-m" and len(args) >= 2:
+    if len(args) >= 2 and args[0] == "-m":
         return {"module": args[1], "argv": [args[1], *args[2:]], "unbuffered": unbuffered}
-    if args[0].startswith("-m") and len(args[0]) > 2:  # -mpytest
-        module = args[0][2:]
-        return {"module": module, "argv": [module, *args[1:]], "unbuffered": unbuffered}
     return None
 
 

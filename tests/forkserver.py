@@ -398,11 +398,10 @@ class ForkServer:
             self._busy.wait()
         process = self._process if self._process is not None else self._start()
         assert process.stdin is not None
-        environ = {**env, SOCKET_VARIABLE: self._socket, PYTHON_VARIABLE: sys.executable}
         request = {
             "args": list(cmdargs[2:]),
             "cwd": cwd,
-            "env": environ,
+            "env": self._launcher_environment(env),
             "stdout": stdout.name,
             "stderr": stderr.name,
         }
@@ -416,8 +415,11 @@ class ForkServer:
         """The launcher, and ``env`` with what it needs to reach this server."""
         if self._process is None:
             self._start()
-        environ = {**env, SOCKET_VARIABLE: self._socket, PYTHON_VARIABLE: sys.executable}
-        return Interpreter(str(self._launcher), environ)
+        return Interpreter(str(self._launcher), self._launcher_environment(env))
+
+    def _launcher_environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` and what the launcher reads: this server's socket, the real interpreter."""
+        return {**env, SOCKET_VARIABLE: self._socket, PYTHON_VARIABLE: sys.executable}
 
     def close(self) -> None:
         if self._process is not None:
